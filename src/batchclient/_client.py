@@ -1,0 +1,259 @@
+"""What every provider shares: the ``async with`` lifecycle, ``batch_chat_completion`` on top
+of the request primitive, and (from the jobs module) files and jobs.
+
+A provider subclasses :class:`BaseBatchClient` and supplies ``_start``/``_stop``, ``_execute``
+(one :class:`ChatRequest` -> one :class:`ChatResult`, never raising for a per-item failure),
+``_check_model`` and ``_window``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import ValidationError
+
+from ._scheduler import ProgressCallback, ProgressTracker, run_requests
+from ._wire import ChatRequest, ChatResult, build_body, item_error, to_response, tool_to_wire
+from .errors import BatchFailedError, ClientClosedError, ConfigurationError, ErrorCode
+from .types import (
+    BatchChatCompletionResponse,
+    ChatCompletionResponse,
+    JsonSchemaResponseFormat,
+    LogProbConfig,
+    MessageLike,
+    ResponseFormat,
+    SamplingParams,
+    ToolChoice,
+    ToolDefinition,
+    ToolPromptFormat,
+    coerce_messages,
+)
+
+
+class BaseBatchClient:
+    """Shared machinery of the providers. Not public: use a provider class."""
+
+    def __init__(self) -> None:
+        self._open = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        await self._start()
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._open = False
+        await self._stop()
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise ClientClosedError(
+                f"{type(self).__name__} is not open: use it inside `async with`"
+            )
+
+    # ------------------------------------------------------------------ provider hooks
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        raise NotImplementedError
+
+    async def _execute(self, request: ChatRequest) -> ChatResult:
+        raise NotImplementedError
+
+    async def _check_model(self, model: str) -> None:
+        """Raise ``ModelNotFoundError`` when ``model`` is known not to be served."""
+
+    def _window(self) -> int:
+        """How many requests may be handed to the provider at once."""
+        raise NotImplementedError
+
+    def _concurrency_limit(self) -> int | None:
+        """The current in-flight limit, for progress reports."""
+        return None
+
+    # ------------------------------------------------------------------ the synchronous call
+
+    async def batch_chat_completion(
+        self,
+        model: str,
+        messages_batch: Sequence[Sequence[MessageLike]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: Sequence[ToolDefinition | dict[str, Any]] | None = None,
+        tool_choice: ToolChoice | str = ToolChoice.auto,
+        tool_prompt_format: ToolPromptFormat | None = None,
+        response_format: ResponseFormat | dict[str, Any] | None = None,
+        logprobs: LogProbConfig | None = None,
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchChatCompletionResponse:
+        """Run one chat completion per conversation; return the answers in input order.
+
+        Args:
+            model: the model to use (remote: the served model name; inline: ``smollm2`` for the
+                bundled model, or the loaded model's path or served name).
+            messages_batch: one list of messages per conversation; typed messages or OpenAI-style
+                dicts (``{"role": "user", "content": "..."}``).
+            sampling_params: one ``SamplingParams`` for all items, or a list aligned with
+                ``messages_batch`` (one per item). Default: greedy, provider's max length.
+            tools, tool_choice, tool_prompt_format: tool definitions and how they are used.
+            response_format: a JSON schema or grammar the answers must follow.
+            logprobs: ask for per-token log-probabilities (``top_k`` alternatives).
+            custom_ids: the caller's id per item, echoed as ``ChatCompletionResponse.custom_id``.
+            progress: called with a ``BatchProgress`` (at most every 0.2 s, and at the end).
+            raise_on_error: raise ``BatchFailedError`` (holding the whole result) if any item
+                failed. By default failures are per-item ``error`` entries.
+
+        Returns:
+            ``BatchChatCompletionResponse`` whose ``batch[i]`` answers ``messages_batch[i]``.
+            A failed item has ``error`` (code, message, HTTP status, param) and no
+            ``completion_message``; the other items are unaffected.
+
+        Raises:
+            ClientClosedError: outside ``async with``.
+            ModelNotFoundError: the provider knows it does not serve ``model``.
+            ConfigurationError: arguments that do not fit together (e.g. list lengths).
+            BatchFailedError: only with ``raise_on_error=True``.
+        """
+        self._require_open()
+        n = len(messages_batch)
+        per_item_params = _per_item(sampling_params, n)
+        if custom_ids is not None and len(custom_ids) != n:
+            raise ConfigurationError(
+                f"custom_ids has {len(custom_ids)} entries for {n} conversations"
+            )
+        await self._check_model(model)
+        requests = self._build_requests(
+            model,
+            messages_batch,
+            per_item_params,
+            tools=tools,
+            tool_choice=tool_choice,
+            tool_prompt_format=tool_prompt_format,
+            response_format=response_format,
+            logprobs=logprobs,
+            custom_ids=custom_ids,
+        )
+        results: list[ChatCompletionResponse | None] = [None] * n
+        tracker = ProgressTracker(
+            total=n, callback=progress, concurrency_limit=self._concurrency_limit
+        )
+
+        async def execute(request: ChatRequest) -> ChatResult:
+            tracker.in_flight += 1
+            try:
+                return await self._execute(request)
+            finally:
+                tracker.in_flight -= 1
+
+        def on_result(request: ChatRequest, result: ChatResult) -> None:
+            response = to_response(request, result)
+            results[request.index] = response
+            tracker.record(result, response.error is None)
+
+        await run_requests(execute, requests, window=self._window(), on_result=on_result)
+        tracker.finish()
+        missing = [i for i, r in enumerate(results) if r is None]
+        assert not missing, f"items without a result: {missing[:10]}"  # the primitive's contract
+        response = BatchChatCompletionResponse(batch=results)  # type: ignore[arg-type]
+        if raise_on_error and response.errors:
+            raise BatchFailedError(response, response.errors)
+        return response
+
+    def _build_requests(
+        self,
+        model: str,
+        messages_batch: Sequence[Sequence[MessageLike]],
+        per_item_params: Sequence[SamplingParams],
+        *,
+        tools: Sequence[ToolDefinition | dict[str, Any]] | None,
+        tool_choice: ToolChoice | str,
+        tool_prompt_format: ToolPromptFormat | None,
+        response_format: ResponseFormat | dict[str, Any] | None,
+        logprobs: LogProbConfig | None,
+        custom_ids: Sequence[str] | None,
+    ) -> Iterator[ChatRequest]:
+        """One ``ChatRequest`` per conversation, built lazily. A conversation that cannot be
+        turned into a request (malformed message) gets an ``invalid_request`` error instead."""
+        wire_tools = [tool_to_wire(t) for t in tools] if tools else None
+        tool_schemas = (
+            {t["function"]["name"]: t["function"].get("parameters") or {} for t in wire_tools}
+            if wire_tools
+            else None
+        )
+        fmt = _coerce_response_format(response_format)
+        schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
+        for i, conversation in enumerate(messages_batch):
+            custom_id = custom_ids[i] if custom_ids is not None else None
+            try:
+                messages = coerce_messages(list(conversation))
+                if not messages:
+                    raise ValueError("the conversation has no messages")
+            except (ValidationError, ValueError, TypeError) as exc:
+                yield ChatRequest(
+                    index=i,
+                    body={"model": model},
+                    custom_id=custom_id,
+                    error=item_error(
+                        ErrorCode.invalid_request, f"bad conversation: {exc}", param="messages"
+                    ),
+                )
+                continue
+            body = build_body(
+                model,
+                messages,
+                per_item_params[i],
+                tools=wire_tools,
+                tool_choice=tool_choice,
+                response_format=fmt,
+                logprobs=logprobs,
+            )
+            yield ChatRequest(
+                index=i,
+                body=body,
+                custom_id=custom_id,
+                response_schema=schema,
+                tool_schemas=tool_schemas,
+                tool_prompt_format=tool_prompt_format,
+            )
+
+
+def _per_item(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> Sequence[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ConfigurationError(f"sampling_params has {len(params)} entries for {n} conversations")
+    return [
+        p if isinstance(p, SamplingParams) else SamplingParams.model_validate(p) for p in params
+    ]
+
+
+def _coerce_response_format(
+    fmt: ResponseFormat | dict[str, Any] | None,
+) -> ResponseFormat | None:
+    if fmt is None or not isinstance(fmt, dict):
+        return fmt
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[ResponseFormat] = TypeAdapter(ResponseFormat)
+    try:
+        return adapter.validate_python(fmt)
+    except ValidationError as exc:
+        raise ConfigurationError(f"bad response_format: {exc}") from exc

@@ -1,0 +1,146 @@
+"""The one primitive: run these requests, hand each result over as it completes.
+
+``run_requests`` serves the synchronous ``batch_chat_completion`` (which slots results into
+input order), the jobs (which commit each result to SQLite) and the benchmark (which records
+timings) alike.
+
+Design: a sliding window of ``window`` worker tasks pulls requests lazily from the input (a
+plain or async iterable) and awaits the provider's ``execute`` for each. A slow request holds one
+worker, never a whole chunk; the input is never materialised, so memory is bounded by the window
+whatever the input size. The provider may gate further inside ``execute`` (the remote provider's
+adaptive, per-endpoint limits). Cancelling the caller cancels every worker, which closes HTTP
+requests and aborts engine requests in the providers' own ``finally`` blocks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import anyio
+
+from ._wire import ChatRequest, ChatResult, failed
+from .errors import ErrorCode
+from .types import BatchProgress
+
+Execute = Callable[[ChatRequest], Awaitable[ChatResult]]
+OnResult = Callable[[ChatRequest, ChatResult], Awaitable[None] | None]
+ProgressCallback = Callable[[BatchProgress], None]
+
+
+async def _aiter(
+    items: Iterable[ChatRequest] | AsyncIterable[ChatRequest],
+) -> AsyncIterator[ChatRequest]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+async def run_requests(
+    execute: Execute,
+    requests: Iterable[ChatRequest] | AsyncIterable[ChatRequest],
+    *,
+    window: int,
+    on_result: OnResult,
+) -> None:
+    """Run every request with at most ``window`` in flight; call ``on_result(request, result)``
+    once per request as it completes (in completion order).
+
+    ``execute`` must turn every failure of one request into a failed ``ChatResult``; an
+    exception that escapes it anyway (a bug) becomes that item's ``internal_error`` so the rest
+    of the batch still finishes. Requests that already carry an ``error`` (refused before
+    dispatch) are reported without being executed. Raises only what ``on_result`` raises, and
+    cancellation.
+    """
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    is_async = inspect.iscoroutinefunction(on_result)
+    if isinstance(requests, AsyncIterable):
+        source: AsyncIterator[ChatRequest] = _aiter(requests)
+        lock: anyio.Lock | None = anyio.Lock()
+        sync_iter = None
+    else:
+        sync_iter = iter(requests)
+        lock = None
+
+    async def next_request() -> ChatRequest | None:
+        if sync_iter is not None:
+            return next(sync_iter, None)
+        assert lock is not None
+        async with lock:
+            return await anext(source, None)
+
+    async def worker() -> None:
+        while True:
+            request = await next_request()
+            if request is None:
+                return
+            if request.error is not None:
+                result = ChatResult(status_code=None, body=None, error=request.error)
+            else:
+                try:
+                    result = await execute(request)
+                except Exception as exc:  # a bug in a provider: lose this item, not the batch
+                    result = failed(ErrorCode.internal_error, f"{type(exc).__name__}: {exc}")
+            if is_async:
+                await on_result(request, result)  # type: ignore[misc]
+            else:
+                on_result(request, result)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(window):
+            tg.start_soon(worker)
+
+
+@dataclass
+class ProgressTracker:
+    """Counts results and reports a :class:`BatchProgress` to a callback at most every
+    ``interval_s`` seconds (and once at the end)."""
+
+    total: int | None
+    callback: ProgressCallback | None
+    interval_s: float = 0.2
+    concurrency_limit: Callable[[], int | None] = field(default=lambda: None)
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    in_flight: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    _last: float = 0.0
+
+    def record(self, result: ChatResult, ok: bool) -> None:
+        if ok:
+            self.completed += 1
+        else:
+            self.failed += 1
+        usage = (result.body or {}).get("usage") if result.body else None
+        if isinstance(usage, dict):
+            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+        if self.callback is not None:
+            now = time.perf_counter()
+            if now - self._last >= self.interval_s:
+                self._last = now
+                self.callback(self.snapshot())
+
+    def snapshot(self) -> BatchProgress:
+        return BatchProgress(
+            total=self.total,
+            completed=self.completed,
+            failed=self.failed,
+            in_flight=self.in_flight,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            elapsed_s=time.perf_counter() - self.started,
+            concurrency_limit=self.concurrency_limit(),
+        )
+
+    def finish(self) -> None:
+        if self.callback is not None:
+            self.callback(self.snapshot())

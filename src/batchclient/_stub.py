@@ -1,0 +1,370 @@
+"""A fault-injecting OpenAI-compatible stub server on loopback (re-exported by ``testing``).
+
+A real HTTP server (aiohttp.web) so that clients are exercised over real sockets and real
+timing: latency, a capacity above which it answers 429, ``Retry-After`` in seconds or as an HTTP
+date, 5xx bursts, connection resets, malformed bodies and slow bodies. Faults are chosen per
+request by :class:`Fault` rules (matched on the text of the request's messages and the attempt
+number of that exact request) or by a ``handler`` callable for anything else.
+
+Answers are deterministic: the completion echoes the last user message (``"echo: <text>"``),
+truncated to ``max_tokens`` words; one word is one token in ``usage``.
+
+Runs in a background thread (``StubServer`` as a context manager, for tests) or as its own
+process (``python -m batchclient.testing stub --port P ...``, for benchmarks that need the stub
+on another core, or an endpoint to kill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["Fault", "StubReply", "StubServer", "StubStats"]
+
+
+@dataclass
+class StubReply:
+    """What the stub does for one request. ``action``: ``"answer"`` (``status`` + ``body``),
+    ``"reset"`` (drop the connection without an answer), ``"slow"`` (send headers, then stall
+    ``delay_s`` before the body). ``body`` None means the normal ChatCompletion."""
+
+    status: int = 200
+    body: Any = None
+    raw: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    action: str = "answer"
+
+
+@dataclass
+class Fault:
+    """A rule: requests whose message text contains ``match`` (every request if None) get
+    ``reply`` on attempts ``first_attempt``..``last_attempt`` (1-based, per distinct request
+    body; None = every attempt). ``retry_after`` adds a ``Retry-After`` header: a number of
+    seconds, or ``"date:<seconds>"`` for an HTTP date that many seconds ahead."""
+
+    reply: StubReply
+    match: str | None = None
+    first_attempt: int = 1
+    last_attempt: int | None = None
+    retry_after: str | None = None
+
+    def applies(self, text: str, attempt: int) -> bool:
+        if self.match is not None and self.match not in text:
+            return False
+        if attempt < self.first_attempt:
+            return False
+        return self.last_attempt is None or attempt <= self.last_attempt
+
+
+@dataclass
+class StubStats:
+    """What the stub saw. ``max_in_flight`` is the most concurrent requests at once;
+    ``by_status`` counts answers by status (``0`` = connection reset)."""
+
+    requests: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    by_status: Counter[int] = field(default_factory=Counter)
+    arrivals: list[float] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+Handler = Callable[[dict[str, Any], int], StubReply | None]
+
+
+def _text_of(body: dict[str, Any]) -> str:
+    parts: list[str] = []
+    for m in body.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+def completion_body(body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """The stub's normal answer to a chat-completions body."""
+    messages = body.get("messages") or []
+    last_user = next(
+        (
+            m.get("content")
+            for m in reversed(messages)
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
+        "",
+    )
+    text = last_user if isinstance(last_user, str) else json.dumps(last_user)
+    words = f"echo: {text}".split()
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+    finish = "stop"
+    if isinstance(max_tokens, int) and max_tokens < len(words):
+        words = words[:max_tokens]
+        finish = "length"
+    prompt_tokens = len(_text_of(body).split())
+    return {
+        "id": f"chatcmpl-stub-{random.getrandbits(48):x}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model or body.get("model", "stub"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " ".join(words)},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(words),
+            "total_tokens": prompt_tokens + len(words),
+        },
+    }
+
+
+class StubServer:
+    """The stub, running on ``127.0.0.1`` in a background thread.
+
+    Args:
+        latency_s: time to answer each request, in seconds (plus ``jitter_s`` uniform).
+        capacity: answer 429 (with ``capacity_retry_after`` if set) to requests arriving while
+            this many are already in flight; None = unlimited.
+        faults: :class:`Fault` rules, first match wins.
+        handler: ``(body, attempt) -> StubReply | None`` consulted before the rules.
+        models: model names served (``GET /v1/models``); other models get 404.
+        record_bodies: keep every request body in ``stats.bodies``.
+
+    ``url`` is the base URL ending in ``/v1``; ``stats`` what it saw. ``stop()`` (or leaving the
+    ``with`` block) closes it; ``kill()`` drops every open connection too, like a dead server.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        jitter_s: float = 0.0,
+        capacity: int | None = None,
+        capacity_retry_after: str | None = None,
+        faults: list[Fault] | None = None,
+        handler: Handler | None = None,
+        models: tuple[str, ...] = ("smollm2",),
+        record_bodies: bool = False,
+        port: int = 0,
+    ) -> None:
+        self.latency_s = latency_s
+        self.jitter_s = jitter_s
+        self.capacity = capacity
+        self.capacity_retry_after = capacity_retry_after
+        self.faults = list(faults or [])
+        self.handler = handler
+        self.models = models
+        self.record_bodies = record_bodies
+        self.stats = StubStats()
+        self._attempts: Counter[str] = Counter()
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._stopped: asyncio.Event | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # ------------------------------------------------------------------ HTTP handlers
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "owned_by": "stub"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    def _reply_for(self, body: dict[str, Any], attempt: int) -> StubReply | None:
+        if self.handler is not None:
+            reply = self.handler(body, attempt)
+            if reply is not None:
+                return reply
+        text = _text_of(body)
+        for fault in self.faults:
+            if fault.applies(text, attempt):
+                reply = StubReply(
+                    status=fault.reply.status,
+                    body=fault.reply.body,
+                    raw=fault.reply.raw,
+                    headers=dict(fault.reply.headers),
+                    delay_s=fault.reply.delay_s,
+                    action=fault.reply.action,
+                )
+                if fault.retry_after is not None:
+                    reply.headers["Retry-After"] = _retry_after_value(fault.retry_after)
+                return reply
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        stats = self.stats
+        stats.requests += 1
+        stats.arrivals.append(time.monotonic())
+        stats.in_flight += 1
+        stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        try:
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                stats.by_status[400] += 1
+                return web.json_response(
+                    {"error": {"message": "body is not JSON", "type": "BadRequestError"}},
+                    status=400,
+                )
+            if self.record_bodies:
+                stats.bodies.append(body)
+            key = raw.decode("utf-8", "replace")
+            self._attempts[key] += 1
+            attempt = self._attempts[key]
+            if self.capacity is not None and stats.in_flight > self.capacity:
+                stats.by_status[429] += 1
+                headers = {}
+                if self.capacity_retry_after is not None:
+                    headers["Retry-After"] = _retry_after_value(self.capacity_retry_after)
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": "over capacity",
+                            "type": "rate_limit_error",
+                            "code": 429,
+                        }
+                    },
+                    status=429,
+                    headers=headers,
+                )
+            reply = self._reply_for(body, attempt)
+            delay = self.latency_s + (random.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+            if reply is not None:
+                delay += reply.delay_s if reply.action != "slow" else 0.0
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if reply is None:
+                model = body.get("model")
+                if self.models and model not in self.models:
+                    stats.by_status[404] += 1
+                    return web.json_response(
+                        {
+                            "error": {
+                                "message": f"The model `{model}` does not exist.",
+                                "type": "NotFoundError",
+                                "code": 404,
+                            }
+                        },
+                        status=404,
+                    )
+                stats.by_status[200] += 1
+                return web.json_response(completion_body(body))
+            return await self._send(request, reply, body)
+        finally:
+            stats.in_flight -= 1
+
+    async def _send(
+        self, request: web.Request, reply: StubReply, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        if reply.action == "reset":
+            self.stats.by_status[0] += 1
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+            raise asyncio.CancelledError  # aiohttp drops the request without an answer
+        self.stats.by_status[reply.status] += 1
+        if reply.raw is not None:
+            payload = reply.raw
+        elif reply.body is None:
+            payload = json.dumps(completion_body(body)).encode()
+        else:
+            payload = json.dumps(reply.body).encode()
+        if reply.action == "slow":
+            resp = web.StreamResponse(status=reply.status, headers=reply.headers)
+            resp.content_type = "application/json"
+            await resp.prepare(request)
+            await asyncio.sleep(reply.delay_s)
+            await resp.write(payload)
+            await resp.write_eof()
+            return resp
+        return web.Response(
+            status=reply.status,
+            body=payload,
+            headers=reply.headers,
+            content_type="application/json",
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> StubServer:
+        self._thread = threading.Thread(target=self._run, name="stub-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("stub server did not start within 10 s")
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(self._serve())
+        loop.close()
+
+    async def _serve(self) -> None:
+        self._stopped = asyncio.Event()
+        # handler_cancellation: a request whose client hung up is cancelled, so ``in_flight``
+        # shows whether clients really close their connections.
+        self._runner = web.AppRunner(
+            self._app(), access_log=None, handle_signals=False, handler_cancellation=True
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port, backlog=4096)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None)
+        assert sockets, "the stub's listening socket is missing"
+        self.port = int(sockets[0].getsockname()[1])
+        self._ready.set()
+        await self._stopped.wait()
+        await self._runner.cleanup()
+
+    def stop(self) -> None:
+        """Stop serving; open connections are closed."""
+        if self._loop is not None and self._stopped is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(15)
+            self._thread = None
+
+    kill = stop
+
+    def __enter__(self) -> StubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _retry_after_value(spec: str) -> str:
+    if spec.startswith("date:"):
+        seconds = float(spec[5:])
+        return formatdate(time.time() + seconds, usegmt=True)
+    return spec

@@ -1,0 +1,72 @@
+"""The retry policy of the remote provider (tenacity): what is retried, and how long to wait.
+
+- Retried: connection errors, timeouts, HTTP 408, 409, 429 and 5xx (the statuses the openai SDK
+  retries; OpenAI Batch contract, ``docs/design.md``).
+- Never retried: every other 4xx (400 context too long, 401, 403, 404 model not found, 422):
+  they fail on the first attempt with their status (peer lesson 4).
+- Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_cap_s``)
+  plus up to 10 % jitter when given; otherwise exponential backoff with jitter.
+- Attempts are bounded (``max_retries`` retries after the first try); a request that runs out
+  reports its last failure (a 429 stays ``rate_limited`` with status 429, case C13).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
+
+from tenacity import RetryCallState, wait_exponential_jitter
+
+if TYPE_CHECKING:
+    from .._wire import ChatResult
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
+
+
+class RetryableFailure(Exception):
+    """One failed attempt that may be retried: carries the result to report if it is the last,
+    and the server's ``Retry-After`` in seconds (already capped), if any."""
+
+    def __init__(self, result: ChatResult, retry_after_s: float | None = None):
+        super().__init__(result.error.message if result.error else "retryable failure")
+        self.result = result
+        self.retry_after_s = retry_after_s
+
+
+def parse_retry_after(value: str | None, *, cap_s: float, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date (RFC 9110
+    §10.2.3). Capped at ``cap_s``; None when absent or unparseable; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, min(seconds, cap_s))
+
+
+class RetryWait:
+    """tenacity ``wait``: the server's Retry-After (+ up to 10 % jitter) when it sent one, else
+    exponential backoff with jitter (``initial_s`` doubling up to ``max_s``, + up to
+    ``jitter_s``)."""
+
+    def __init__(self, *, initial_s: float = 0.5, max_s: float = 30.0, jitter_s: float = 0.5):
+        self._backoff = wait_exponential_jitter(initial=initial_s, max=max_s, jitter=jitter_s)
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            return float(retry_after) * (1.0 + 0.1 * random.random()) + 0.01
+        return float(self._backoff(state))

@@ -1,0 +1,489 @@
+"""The protocol's data types (pydantic v2).
+
+They follow the types of the original "Batch Inference Support" request, i.e. Llama Stack's
+``llama_stack/apis/inference/inference.py`` of v0.1.5 (see ``docs/design.md``), with three
+additions every batch user needs: ``ChatCompletionResponse.error`` (a per-item failure),
+``ChatCompletionResponse.custom_id`` (the caller's id for the item) and the richer job record
+``BatchJob`` in the OpenAI Batch API shape.
+
+Plain OpenAI-style dict messages (``{"role": "user", "content": "..."}``) are accepted wherever a
+``Message`` is: :func:`coerce_messages` turns them into the typed form.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "BatchChatCompletionResponse",
+    "BatchItemError",
+    "BatchJob",
+    "BatchProgress",
+    "ChatCompletionResponse",
+    "CompletionMessage",
+    "FileObject",
+    "GrammarResponseFormat",
+    "GreedySamplingStrategy",
+    "ImageContentItem",
+    "InterleavedContent",
+    "Job",
+    "JobErrorEntry",
+    "JobRequestCounts",
+    "JobStatus",
+    "JobUsage",
+    "JsonSchemaResponseFormat",
+    "LogProbConfig",
+    "Message",
+    "MessageLike",
+    "MetricInResponse",
+    "ResponseFormat",
+    "SamplingParams",
+    "SamplingStrategy",
+    "StopReason",
+    "SystemMessage",
+    "TextContentItem",
+    "TokenLogProbs",
+    "ToolCall",
+    "ToolChoice",
+    "ToolDefinition",
+    "ToolParamDefinition",
+    "ToolPromptFormat",
+    "ToolResponseMessage",
+    "UserMessage",
+    "coerce_messages",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+# ---------------------------------------------------------------------------- content and messages
+
+
+class TextContentItem(_Model):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageContentItem(_Model):
+    """An image given by URL (``https://`` or ``data:`` URI)."""
+
+    type: Literal["image"] = "image"
+    url: str
+
+
+InterleavedContent = (
+    str | TextContentItem | ImageContentItem | list[TextContentItem | ImageContentItem]
+)
+
+
+class UserMessage(_Model):
+    role: Literal["user"] = "user"
+    content: InterleavedContent
+    context: InterleavedContent | None = None
+
+
+class SystemMessage(_Model):
+    role: Literal["system"] = "system"
+    content: InterleavedContent
+
+
+class ToolResponseMessage(_Model):
+    role: Literal["tool"] = "tool"
+    call_id: str
+    tool_name: str = ""
+    content: InterleavedContent
+
+
+class StopReason(StrEnum):
+    """Why generation stopped. OpenAI ``finish_reason`` maps as stop -> ``end_of_turn``,
+    length -> ``out_of_tokens``, tool_calls -> ``end_of_message``."""
+
+    end_of_turn = "end_of_turn"
+    end_of_message = "end_of_message"
+    out_of_tokens = "out_of_tokens"
+
+
+class ToolCall(_Model):
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+
+
+class CompletionMessage(_Model):
+    role: Literal["assistant"] = "assistant"
+    content: InterleavedContent = ""
+    stop_reason: StopReason = StopReason.end_of_turn
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+Message = Annotated[
+    UserMessage | SystemMessage | ToolResponseMessage | CompletionMessage,
+    Field(discriminator="role"),
+]
+"""One conversation turn, discriminated by ``role`` (user, system, tool, assistant)."""
+
+MessageLike = Message | dict[str, Any]
+"""A typed :data:`Message` or a plain OpenAI-style dict message."""
+
+_message_adapter: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def _coerce_one(message: MessageLike) -> Message:
+    if isinstance(message, UserMessage | SystemMessage | ToolResponseMessage | CompletionMessage):
+        return message
+    if not isinstance(message, dict):
+        raise TypeError(f"a message must be a Message or a dict, not {type(message).__name__}")
+    data = dict(message)
+    role = data.get("role")
+    if role == "developer":  # OpenAI's newer name for the system role
+        data["role"] = "system"
+    elif role == "tool":
+        # OpenAI wire form: {"role": "tool", "tool_call_id": ..., "content": ...}
+        if "tool_call_id" in data:
+            data["call_id"] = data.pop("tool_call_id")
+        data.pop("name", None)
+    elif role == "assistant":
+        if data.get("content") is None:
+            data["content"] = ""
+        wire_calls = data.pop("tool_calls", None) or []
+        calls = []
+        for call in wire_calls:
+            if isinstance(call, dict) and "function" in call:
+                from ._wire import parse_arguments  # local: _wire imports this module
+
+                fn = call["function"]
+                calls.append(
+                    {
+                        "call_id": call.get("id", ""),
+                        "tool_name": fn.get("name", ""),
+                        "arguments": parse_arguments(fn.get("arguments")),
+                    }
+                )
+            else:
+                calls.append(call)
+        data["tool_calls"] = calls
+        data.pop("name", None)
+        data.pop("refusal", None)
+    elif role in ("user", "system"):
+        data.pop("name", None)
+    if isinstance(data.get("content"), list):
+        data["content"] = [_coerce_part(p) for p in data["content"]]
+    return _message_adapter.validate_python(data)
+
+
+def _coerce_part(part: Any) -> Any:
+    """OpenAI content parts (``{"type": "image_url", "image_url": {"url": ...}}``) to ours."""
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        image = part.get("image_url") or {}
+        return {"type": "image", "url": image.get("url", "") if isinstance(image, dict) else image}
+    return part
+
+
+def coerce_messages(messages: list[MessageLike]) -> list[Message]:
+    """Validate one conversation, accepting typed messages and OpenAI-style dicts.
+
+    Raises ``pydantic.ValidationError`` (a ``ValueError``) for a message of no known shape.
+    """
+    if not isinstance(messages, list):
+        raise TypeError(f"a conversation must be a list of messages, not {type(messages).__name__}")
+    return [_coerce_one(m) for m in messages]
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+class GreedySamplingStrategy(_Model):
+    type: Literal["greedy"] = "greedy"
+
+
+class TopPSamplingStrategy(_Model):
+    type: Literal["top_p"] = "top_p"
+    temperature: float = Field(default=1.0, gt=0.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+
+
+class TopKSamplingStrategy(_Model):
+    type: Literal["top_k"] = "top_k"
+    top_k: int = Field(ge=1)
+    temperature: float = Field(default=1.0, gt=0.0)
+
+
+SamplingStrategy = Annotated[
+    GreedySamplingStrategy | TopPSamplingStrategy | TopKSamplingStrategy,
+    Field(discriminator="type"),
+]
+
+
+class SamplingParams(_Model):
+    """How to sample. ``max_tokens=0`` means "not set": the provider's default, up to the
+    context length. ``stop`` lists strings that end generation (not included in the output)."""
+
+    strategy: SamplingStrategy = Field(default_factory=GreedySamplingStrategy)
+    max_tokens: int = Field(default=0, ge=0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    stop: list[str] | None = None
+
+
+# ---------------------------------------------------------------------------- tools
+
+
+class ToolParamDefinition(_Model):
+    param_type: str
+    description: str | None = None
+    required: bool = True
+    default: Any = None
+
+
+class ToolDefinition(_Model):
+    tool_name: str
+    description: str | None = None
+    parameters: dict[str, ToolParamDefinition] | None = None
+
+
+class ToolChoice(StrEnum):
+    """``auto``: the model decides; ``required``: it must call a tool; ``none``: no tool call.
+    A tool's name (a plain ``str``) may be passed instead to force that tool."""
+
+    auto = "auto"
+    required = "required"
+    none = "none"
+
+
+class ToolPromptFormat(StrEnum):
+    """How tool definitions and calls are written into the prompt for models without a native
+    tool template (Llama Stack's formats)."""
+
+    json = "json"
+    function_tag = "function_tag"
+    python_list = "python_list"
+
+
+# ---------------------------------------------------------------------------- response format
+
+
+class JsonSchemaResponseFormat(_Model):
+    type: Literal["json_schema"] = "json_schema"
+    json_schema: dict[str, Any]
+
+
+class GrammarResponseFormat(_Model):
+    """A grammar in the engine's grammar language (vLLM: GBNF / EBNF), given as
+    ``{"grammar": "<text>"}`` (Llama Stack's ``bnf: dict``)."""
+
+    type: Literal["grammar"] = "grammar"
+    bnf: dict[str, Any]
+
+
+ResponseFormat = Annotated[
+    JsonSchemaResponseFormat | GrammarResponseFormat, Field(discriminator="type")
+]
+
+
+# ---------------------------------------------------------------------------- logprobs and metrics
+
+
+class LogProbConfig(_Model):
+    """Ask for log-probabilities: ``top_k`` alternatives per generated token (0 = only the
+    sampled token)."""
+
+    top_k: int = Field(default=0, ge=0)
+
+
+class TokenLogProbs(_Model):
+    """One generated token: ``{token text: natural-log probability}`` for the sampled token and
+    its top-k alternatives."""
+
+    logprobs_by_token: dict[str, float]
+
+
+class MetricInResponse(_Model):
+    """A per-item figure: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` (unit
+    ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch)."""
+
+    metric: str
+    value: float
+    unit: str | None = None
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+class BatchItemError(_Model):
+    """Why one item of a batch failed. ``code`` is one of the codes in
+    :mod:`batchclient.errors` (``ErrorCode``) or an upstream API's own code; ``status_code`` is
+    the HTTP status where there was an HTTP answer; ``param`` names the offending field."""
+
+    code: str
+    message: str
+    status_code: int | None = None
+    param: str | None = None
+    raw_output: str | None = Field(
+        default=None,
+        description="the model's raw text, for invalid structured output or tool calls",
+    )
+
+
+class ChatCompletionResponse(_Model):
+    """The answer to one conversation: exactly one of ``completion_message`` and ``error``
+    is set."""
+
+    completion_message: CompletionMessage | None = None
+    logprobs: list[TokenLogProbs] | None = None
+    metrics: list[MetricInResponse] | None = None
+    error: BatchItemError | None = None
+    custom_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def text(self) -> str:
+        """The answer's text ("" for an error or non-text content)."""
+        msg = self.completion_message
+        if msg is None:
+            return ""
+        if isinstance(msg.content, str):
+            return msg.content
+        if isinstance(msg.content, TextContentItem):
+            return msg.content.text
+        if isinstance(msg.content, list):
+            return "".join(p.text for p in msg.content if isinstance(p, TextContentItem))
+        return ""
+
+    def metric(self, name: str) -> float | None:
+        """The value of the metric called ``name``, or None."""
+        for m in self.metrics or ():
+            if m.metric == name:
+                return m.value
+        return None
+
+
+class BatchChatCompletionResponse(_Model):
+    """``batch`` has exactly one entry per input conversation, in input order."""
+
+    batch: list[ChatCompletionResponse]
+
+    @property
+    def errors(self) -> list[tuple[int, BatchItemError]]:
+        """(index, error) for every failed item."""
+        return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+
+class BatchProgress(_Model):
+    """A progress report for a running batch or job. Tokens are counted from ``usage``;
+    ``concurrency_limit`` is the current number of requests allowed in flight (adaptive on the
+    remote provider, fixed otherwise)."""
+
+    total: int | None
+    completed: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    concurrency_limit: int | None = None
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+class Job(_Model):
+    job_id: str
+
+
+class JobStatus(StrEnum):
+    """The original request's job states. The OpenAI-shaped :class:`BatchJob` carries the finer
+    ones; they map as validating -> scheduled, in_progress/finalizing/cancelling -> in_progress,
+    expired -> failed."""
+
+    scheduled = "scheduled"
+    in_progress = "in_progress"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class JobRequestCounts(_Model):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class JobUsage(_Model):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class JobErrorEntry(_Model):
+    """One validation error of an input file (OpenAI: ``errors.data[]``); ``line`` is the
+    1-based physical line number."""
+
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+
+class BatchJob(_Model):
+    """The OpenAI Batch object (``/v1/batches``); timestamps are unix seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str = "/v1/chat/completions"
+    errors: list[JobErrorEntry] | None = None
+    input_file_id: str
+    completion_window: str = "24h"
+    status: Literal[
+        "validating",
+        "in_progress",
+        "finalizing",
+        "completed",
+        "failed",
+        "cancelling",
+        "cancelled",
+        "expired",
+    ]
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: JobRequestCounts = Field(default_factory=JobRequestCounts)
+    metadata: dict[str, str] | None = None
+    usage: JobUsage = Field(default_factory=JobUsage)
+    model: str | None = None
+
+
+class FileObject(_Model):
+    """A stored file (OpenAI ``/v1/files`` shape); ``bytes`` is its size, ``created_at`` unix
+    seconds, ``purpose`` ``batch`` for inputs and ``batch_output`` for files the jobs write."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str = "batch"

@@ -1,0 +1,271 @@
+"""Protocol types <-> OpenAI wire format."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from batchclient import (
+    CompletionMessage,
+    GreedySamplingStrategy,
+    JsonSchemaResponseFormat,
+    LogProbConfig,
+    SamplingParams,
+    StopReason,
+    SystemMessage,
+    ToolCall,
+    ToolDefinition,
+    ToolParamDefinition,
+    ToolResponseMessage,
+    TopKSamplingStrategy,
+    TopPSamplingStrategy,
+    UserMessage,
+)
+from batchclient._wire import (
+    LOGPROB_FLOOR,
+    ChatRequest,
+    ChatResult,
+    build_body,
+    http_error,
+    message_to_wire,
+    sampling_to_wire,
+    to_response,
+    tool_to_wire,
+)
+from batchclient.types import coerce_messages
+
+
+def test_sampling_strategies_map_to_wire() -> None:
+    assert sampling_to_wire(SamplingParams()) == {"temperature": 0.0}
+    assert sampling_to_wire(
+        SamplingParams(strategy=TopPSamplingStrategy(temperature=0.7, top_p=0.9), max_tokens=5)
+    ) == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 5}
+    assert sampling_to_wire(
+        SamplingParams(
+            strategy=TopKSamplingStrategy(top_k=3), repetition_penalty=1.2, stop=["\n", "END"]
+        )
+    ) == {"temperature": 1.0, "top_k": 3, "repetition_penalty": 1.2, "stop": ["\n", "END"]}
+
+
+def test_max_tokens_zero_is_omitted() -> None:
+    assert "max_tokens" not in sampling_to_wire(
+        SamplingParams(strategy=GreedySamplingStrategy(), max_tokens=0)
+    )
+
+
+def test_sampling_params_validate() -> None:
+    with pytest.raises(ValidationError):
+        SamplingParams(max_tokens=-1)
+    with pytest.raises(ValidationError):
+        TopPSamplingStrategy(temperature=0.0)
+
+
+def test_dict_messages_round_trip_through_types() -> None:
+    wire = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    typed = coerce_messages(wire)
+    assert isinstance(typed[0], SystemMessage)
+    assert isinstance(typed[1], UserMessage)
+    assert isinstance(typed[2], CompletionMessage)
+    assert typed[2].tool_calls == [
+        ToolCall(call_id="c1", tool_name="get_weather", arguments={"city": "Paris"})
+    ]
+    assert isinstance(typed[3], ToolResponseMessage) and typed[3].call_id == "c1"
+    assert [message_to_wire(m) for m in typed] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+
+
+def test_unknown_role_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        coerce_messages([{"role": "wizard", "content": "x"}])
+
+
+def test_tool_definition_to_wire_schema() -> None:
+    tool = ToolDefinition(
+        tool_name="get_weather",
+        description="Weather for a city",
+        parameters={
+            "city": ToolParamDefinition(param_type="str", description="city name"),
+            "days": ToolParamDefinition(param_type="int", required=False, default=1),
+        },
+    )
+    assert tool_to_wire(tool) == {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "city name"},
+                    "days": {"type": "integer", "default": 1},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+
+
+def test_build_body_carries_format_and_logprobs() -> None:
+    body = build_body(
+        "m",
+        coerce_messages([{"role": "user", "content": "hi"}]),
+        SamplingParams(max_tokens=4),
+        response_format=JsonSchemaResponseFormat(json_schema={"type": "object"}),
+        logprobs=LogProbConfig(top_k=2),
+    )
+    assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    assert body["logprobs"] is True and body["top_logprobs"] == 2
+    assert body["max_tokens"] == 4 and body["temperature"] == 0.0
+
+
+def _ok(body: dict) -> ChatResult:
+    return ChatResult(status_code=200, body=body, latency_s=0.5)
+
+
+def test_finish_reasons_and_metrics() -> None:
+    req = ChatRequest(index=0, body={}, custom_id="x")
+    for finish, reason in [
+        ("stop", StopReason.end_of_turn),
+        ("length", StopReason.out_of_tokens),
+    ]:
+        r = to_response(
+            req,
+            _ok(
+                {
+                    "choices": [{"message": {"content": "hi"}, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+            ),
+        )
+        assert r.completion_message is not None
+        assert r.completion_message.stop_reason == reason
+        assert r.custom_id == "x"
+        assert r.metric("prompt_tokens") == 3
+        assert r.metric("completion_tokens") == 1
+        assert r.metric("total_tokens") == 4
+        assert r.metric("latency") == 0.5
+
+
+def test_tool_calls_finish_is_end_of_message() -> None:
+    req = ChatRequest(index=0, body={})
+    r = to_response(
+        req,
+        _ok(
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "content": None,
+                            "tool_calls": [
+                                {"id": "a", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                            ],
+                        },
+                        "finish_reason": "tool_calls",
+                    }
+                ]
+            }
+        ),
+    )
+    assert r.completion_message is not None
+    assert r.completion_message.stop_reason == StopReason.end_of_message
+    assert r.completion_message.tool_calls[0].arguments == {"x": 1}
+
+
+def test_logprobs_are_clamped_to_a_finite_floor() -> None:
+    req = ChatRequest(index=0, body={})
+    r = to_response(
+        req,
+        _ok(
+            {
+                "choices": [
+                    {
+                        "message": {"content": "a"},
+                        "finish_reason": "stop",
+                        "logprobs": {
+                            "content": [
+                                {
+                                    "token": "a",
+                                    "logprob": -0.1,
+                                    "top_logprobs": [
+                                        {"token": "a", "logprob": -0.1},
+                                        {"token": "b", "logprob": float("-inf")},
+                                    ],
+                                }
+                            ]
+                        },
+                    }
+                ]
+            }
+        ),
+    )
+    assert r.logprobs is not None and len(r.logprobs) == 1
+    values = r.logprobs[0].logprobs_by_token
+    assert values["a"] == pytest.approx(-0.1)
+    assert values["b"] == LOGPROB_FLOOR and math.isfinite(values["b"])
+
+
+def test_answer_without_choices_is_an_error_not_an_empty_success() -> None:
+    r = to_response(ChatRequest(index=0, body={}), _ok({"error": {"message": "x"}}))
+    assert r.completion_message is None
+    assert r.error is not None and r.error.code == "bad_upstream_response"
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "code"),
+    [
+        (400, "This model's maximum context length is 2048 tokens.", "context_length_exceeded"),
+        (400, "temperature must be >= 0", "invalid_request"),
+        (401, "bad key", "authentication_error"),
+        (403, "no", "permission_denied"),
+        (404, "The model `x` does not exist.", "model_not_found"),
+        (429, "slow down", "rate_limited"),
+        (503, "overloaded", "server_error"),
+        (418, "teapot", "http_error"),
+    ],
+)
+def test_http_errors_keep_status_and_body(status: int, message: str, code: str) -> None:
+    result = http_error(status, f'{{"error": {{"message": "{message}", "type": "T"}}}}'.encode())
+    assert result.error is not None
+    assert result.error.code == code
+    assert result.error.status_code == status
+    assert result.error.message == message
+    assert result.status_code == status
+    assert result.body is not None and result.body["error"]["message"] == message
+    assert result.body["error"]["type"] == "T"
+
+
+def test_http_error_with_non_json_body() -> None:
+    result = http_error(502, b"<html>bad gateway</html>")
+    assert result.error is not None and result.error.code == "server_error"
+    assert "bad gateway" in result.error.message
