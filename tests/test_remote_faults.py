@@ -253,3 +253,17 @@ async def test_client_outside_async_with_is_a_clear_error() -> None:
     client = RemoteBatchInference("http://127.0.0.1:9/v1")
     with pytest.raises(ClientClosedError, match="async with"):
         await client.batch_chat_completion("m", [convo("a")])
+
+
+async def test_c15_300_conversations_finishing_out_of_order_keep_their_answers() -> None:
+    """Case C15: result i contains ``TOKEN-i`` for every i, whatever the completion order."""
+    with StubServer(latency_s=0.001, jitter_s=0.05) as stub:
+        async with RemoteBatchInference(stub.url, max_concurrency=64) as client:
+            result = await client.batch_chat_completion(
+                "smollm2",
+                [convo(f"Reply with exactly: TOKEN-{i}") for i in range(300)],
+                custom_ids=[f"r{i}" for i in range(300)],
+            )
+    for i, item in enumerate(result.batch):
+        assert item.custom_id == f"r{i}"
+        assert item.text.endswith(f"TOKEN-{i}")

