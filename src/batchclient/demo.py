@@ -94,7 +94,7 @@ def _table(runs: list[ModeRun]) -> Table:
     baseline = next((r for r in runs if r.mode == "one at a time"), None)
     table = Table(title="batchclient on ShareGPT (SmolLM2-135M, this machine)")
     for col in ("mode", "requests", "failed", "output tokens", "wall s", "output tok/s", "speedup"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+        table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for run in runs:
         speedup = (
             f"{run.tokens_per_s / baseline.tokens_per_s:.1f}x"
