@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import socket
@@ -220,7 +221,7 @@ class JobManager:
                 raise ConfigurationError(
                     f"job {reuse_results_from} ran on different input content than {file_id}"
                 )
-        created = now()
+        created = time.time()
         job_id = f"batch_{secrets.token_hex(12)}"
         await self._call(
             store.insert_job,
@@ -230,8 +231,9 @@ class JobManager:
                 "endpoint": "/v1/chat/completions",
                 "completion_window": completion_window,
                 "status": "validating",
-                "created_at": created,
-                "expires_at": created + max(1, round(window_s)),
+                "created_at": int(created),
+                # rounded up: whole seconds (OpenAI's unit) never shorten the window
+                "expires_at": math.ceil(created + window_s),
                 "metadata": json.dumps(metadata) if metadata else None,
                 "identity": self._identity,
                 "seed_job_id": reuse_results_from,
