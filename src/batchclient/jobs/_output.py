@@ -59,9 +59,9 @@ def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def row_for(request: ChatRequest, result: ChatResult) -> ResultRow:
-    """The stored row of one finished request. The verdict (``ok``) is the same as
-    ``batch_chat_completion`` gives the item: ``to_response`` without an error."""
+def row_for(job_id: str, request: ChatRequest, result: ChatResult) -> ResultRow:
+    """The stored row of one finished request, with its output line. The verdict (``ok``) is
+    the same as ``batch_chat_completion`` gives the item: ``to_response`` without an error."""
     response = to_response(request, result)
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
@@ -72,7 +72,7 @@ def row_for(request: ChatRequest, result: ChatResult) -> ResultRow:
     request_id = result.request_id
     if request_id is None and isinstance(body, dict) and isinstance(body.get("id"), str):
         request_id = body["id"]
-    return ResultRow(
+    row = ResultRow(
         seq=request.index,
         custom_id=request.custom_id or "",
         ok=response.error is None,
@@ -83,6 +83,12 @@ def row_for(request: ChatRequest, result: ChatResult) -> ResultRow:
         input_tokens=tokens_in,
         output_tokens=tokens_out,
     )
+    return with_line(job_id, row)
+
+
+def with_line(job_id: str, row: ResultRow) -> ResultRow:
+    row.line = json.dumps(output_line(job_id, row), ensure_ascii=False, separators=(",", ":"))
+    return row
 
 
 def _int(value: Any) -> int:
@@ -118,15 +124,11 @@ def output_line(job_id: str, row: ResultRow) -> dict[str, Any]:
     return line
 
 
-def dump_line(line: dict[str, Any]) -> bytes:
-    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-
-
 def iter_output_lines(store: Store, job_id: str, *, ok: bool | None = None) -> Iterator[bytes]:
     """The job's output lines (``ok=True``), error lines (``ok=False``) or all, in input
-    order, as encoded JSONL lines (streamed from SQLite)."""
-    for row in store.iter_results(job_id, ok=ok):
-        yield dump_line(output_line(job_id, row))
+    order, as encoded JSONL lines (streamed from SQLite, as stored)."""
+    for line in store.iter_lines(job_id, ok=ok):
+        yield line.encode() + b"\n"
 
 
 def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:

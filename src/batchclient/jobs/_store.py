@@ -3,7 +3,9 @@ directory, plus the files themselves under ``files/``.
 
 Tables: ``files`` (the OpenAI file records and each file's SHA-256), ``jobs`` (the OpenAI batch
 record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``) and
-``results`` (one row per finished request line, keyed by ``(job_id, seq)``).
+``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding the line of
+the output or error file it becomes, serialised once when it is committed, so that writing the
+files at the end only concatenates text).
 
 Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
 process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
@@ -47,7 +49,7 @@ CREATE TABLE IF NOT EXISTS jobs(
     identity TEXT NOT NULL, seed_job_id TEXT, owner TEXT, heartbeat_at REAL);
 CREATE TABLE IF NOT EXISTS results(
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, custom_id TEXT NOT NULL, ok INTEGER NOT NULL,
-    status_code INTEGER, body TEXT, error TEXT, request_id TEXT,
+    status_code INTEGER, error TEXT, line TEXT NOT NULL,
     input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(job_id, seq));
 """
@@ -72,7 +74,8 @@ def now() -> int:
 
 @dataclass(slots=True)
 class ResultRow:
-    """One finished request line. ``ok`` is the verdict counted in ``request_counts``."""
+    """One finished request line. ``ok`` is the verdict counted in ``request_counts``;
+    ``line`` the JSON text of its output/error file line (set before committing)."""
 
     seq: int
     custom_id: str
@@ -83,6 +86,7 @@ class ResultRow:
     request_id: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    line: str = ""
 
 
 class Store:
@@ -248,16 +252,15 @@ class Store:
         with self._lock, self._tx():
             for row in rows:
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         row.seq,
                         row.custom_id,
                         int(row.ok),
                         row.status_code,
-                        None if row.body is None else json.dumps(row.body),
                         None if row.error is None else row.error.model_dump_json(exclude_none=True),
-                        row.request_id,
+                        row.line,
                         row.input_tokens,
                         row.output_tokens,
                     ),
@@ -296,12 +299,29 @@ class Store:
                 return
             after = int(rows[-1]["seq"])
 
+    def iter_lines(self, job_id: str, *, ok: bool | None = None) -> Iterator[str]:
+        """The stored output/error file lines in ``seq`` order (chunked, like
+        :meth:`iter_results`, without decoding them)."""
+        after = -1
+        extra = "" if ok is None else f" AND ok = {int(ok)}"
+        while True:
+            rows = self._all(
+                f"SELECT seq, line FROM results WHERE job_id = ? AND seq > ?{extra} "
+                "ORDER BY seq LIMIT ?",
+                (job_id, after, _CHUNK),
+            )
+            for r in rows:
+                yield str(r["line"])
+            if len(rows) < _CHUNK:
+                return
+            after = int(rows[-1]["seq"])
+
     def copy_successes(self, src_job: str, dst_job: str) -> None:
         """Seed ``dst_job`` with the successful rows of ``src_job`` (same input content)."""
         with self._lock, self._tx():
             self._db.execute(
-                "INSERT OR IGNORE INTO results SELECT ?, seq, custom_id, ok, status_code, body, "
-                "error, request_id, input_tokens, output_tokens FROM results "
+                "INSERT OR IGNORE INTO results SELECT ?, seq, custom_id, ok, status_code, "
+                "error, line, input_tokens, output_tokens FROM results "
                 "WHERE job_id = ? AND ok = 1",
                 (dst_job, src_job),
             )
@@ -373,16 +393,18 @@ def _job(row: sqlite3.Row) -> BatchJob:
 
 
 def _result(row: sqlite3.Row) -> ResultRow:
+    response = json.loads(row["line"]).get("response") or {}
     return ResultRow(
         seq=row["seq"],
         custom_id=row["custom_id"],
         ok=bool(row["ok"]),
         status_code=row["status_code"],
-        body=json.loads(row["body"]) if row["body"] is not None else None,
+        body=response.get("body"),
         error=BatchItemError.model_validate_json(row["error"]) if row["error"] else None,
-        request_id=row["request_id"],
+        request_id=response.get("request_id"),
         input_tokens=row["input_tokens"],
         output_tokens=row["output_tokens"],
+        line=row["line"],
     )
 
 
