@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from _jobs_common import child_env, save, stub_process, write_input
-
 from batchclient.testing import CountingProxy
 
 

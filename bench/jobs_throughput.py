@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _jobs_common import save, stub_process
 
+from _jobs_common import save, stub_process
 from batchclient import RemoteBatchInference, SamplingParams
 from batchclient._wire import build_body
 from batchclient.types import coerce_messages
@@ -45,11 +45,8 @@ def job_file(convos: list[list[dict[str, str]]], params: SamplingParams) -> byte
     lines = []
     for i, convo in enumerate(convos):
         body = build_body("smollm2", coerce_messages(list(convo)), params)
-        lines.append(
-            json.dumps(
-                {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-            )
-        )
+        request = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+        lines.append(json.dumps({**request, "body": body}))
     return ("\n".join(lines) + "\n").encode()
 
 
