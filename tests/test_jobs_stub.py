@@ -107,6 +107,8 @@ async def test_input_of_a_running_job_cannot_be_deleted(tmp_path: Path) -> None:
             job = await c.schedule_batch(record.id)
             with pytest.raises(JobStateError, match="unfinished"):
                 await c.files.delete(record.id)
+            with pytest.raises(JobStateError, match="wait"):
+                await c.job_result(job.job_id)
             await c.job_cancel(job.job_id)
             await c.files.delete(record.id)
 
@@ -415,3 +417,32 @@ async def test_a_live_job_is_not_taken_over_and_can_be_cancelled_from_another_cl
     assert job.status == "cancelled" and took < 5
     texts = [b["messages"][0]["content"] for b in stub.stats.bodies]
     assert len(texts) == len(set(texts))  # nothing was run twice
+
+
+async def test_a_job_resumed_after_its_window_expires_at_once(tmp_path: Path) -> None:
+    with StubServer(latency_s=0.5) as stub:
+        async with client(stub, tmp_path, max_concurrency=2) as c:
+            record = await c.files.create(jsonl([line(f"r{i}", "x") for i in range(20)]))
+            job_id = (await c.schedule_batch(record.id, completion_window="2s")).job_id
+            await until(lambda: _completed_at_least(c, job_id, 1), within=10)
+        await anyio.sleep(2.5)  # the window passes while no client runs the job
+        async with client(stub, tmp_path, max_concurrency=2) as c:
+            sent = stub.stats.requests
+            with anyio.fail_after(10):
+                job = await c.job_wait(job_id)
+            errors = await lines_of(c, job.error_file_id)
+    assert job.status == "expired" and stub.stats.requests == sent
+    assert job.request_counts.completed + job.request_counts.failed == 20
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+async def test_job_calls_need_an_open_client_and_match_the_protocol(tmp_path: Path) -> None:
+    from batchclient import BatchInference, ClientClosedError
+
+    c = RemoteBatchInference("http://127.0.0.1:9/v1", state_dir=tmp_path)
+    assert isinstance(c, BatchInference) and c.state_dir == tmp_path
+    with pytest.raises(ClientClosedError, match="async with"):
+        await c.files.create(b"x")
+    with pytest.raises(ClientClosedError):
+        await c.job_info("batch_x")
+    assert not (tmp_path / "batchclient.sqlite3").exists()  # nothing created until used

@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -26,10 +27,14 @@ FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
 
 class Files:
     """The files of one state directory. Every method needs the owning client (or job
-    manager) to be open; unknown ids raise ``FileNotFoundInStoreError``."""
+    manager) to be open (else ``ClientClosedError``); unknown ids raise
+    ``FileNotFoundInStoreError``."""
 
-    def __init__(self, manager: JobManager) -> None:
-        self._manager = manager
+    def __init__(self, manager: Callable[[], JobManager]) -> None:
+        self._get_manager = manager
+
+    async def _store(self) -> Store:
+        return await self._get_manager().store()
 
     async def create(
         self, file: FileInput, *, purpose: str = "batch", filename: str | None = None
@@ -40,7 +45,7 @@ class Files:
 
         Returns the ``FileObject`` (``id``, ``bytes``, ``filename``, ``created_at``,
         ``purpose``). Raises ``ConfigurationError`` for a path that is not a readable file."""
-        store = await self._manager.store()
+        store = await self._store()
         if isinstance(file, str | os.PathLike):
             path = Path(file)
             if not await anyio.Path(path).is_file():
@@ -53,32 +58,32 @@ class Files:
 
     async def retrieve(self, file_id: str) -> FileObject:
         """The record of one file."""
-        store = await self._manager.store()
+        store = await self._store()
         record: FileObject = await to_thread.run_sync(store.get_file, file_id)
         return record
 
     async def content(self, file_id: str) -> bytes:
         """The whole content of a file, in memory. For large files read :meth:`path`."""
-        store = await self._manager.store()
+        store = await self._store()
         await to_thread.run_sync(store.get_file, file_id)
         return await to_thread.run_sync(store.file_path(file_id).read_bytes)
 
     async def path(self, file_id: str) -> Path:
         """Where the file's bytes are on disk (read it, do not change it)."""
-        store = await self._manager.store()
+        store = await self._store()
         await to_thread.run_sync(store.get_file, file_id)
         return store.file_path(file_id)
 
     async def list(self, purpose: str | None = None) -> list[FileObject]:
         """Every file (optionally only those of one ``purpose``), newest first."""
-        store = await self._manager.store()
+        store = await self._store()
         files: list[FileObject] = await to_thread.run_sync(store.list_files, purpose)
         return files
 
     async def delete(self, file_id: str) -> None:
         """Delete a file. Raises ``JobStateError`` for the input file of a job that is not
         finished (it is needed to resume the job)."""
-        store = await self._manager.store()
+        store = await self._store()
         users = await to_thread.run_sync(store.jobs_using_file, file_id)
         if users:
             raise JobStateError(f"file {file_id} is the input of unfinished job(s) {users}")

@@ -73,14 +73,16 @@ class JobManager:
         provider: JobProvider | None = None,
         identity: dict[str, Any] | None = None,
     ) -> None:
-        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.state_dir = (
+            Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
+        )
         self._provider = provider
         self._identity = json.dumps(identity or {}, sort_keys=True)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
         self._tg: TaskGroup | None = None
         self._running: dict[str, RunningJob] = {}
-        self.files = Files(self)
+        self.files = Files(lambda: self)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -22,10 +22,14 @@ class JobsMixin:
 
     _jobs_state_dir: Path
     _jobs: JobManager | None
+    _files: Files
 
     def _init_jobs(self, state_dir: str | os.PathLike[str] | None) -> None:
-        self._jobs_state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self._jobs_state_dir = (
+            Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
+        )
         self._jobs = None
+        self._files = Files(self._manager)
 
     def _job_identity(self) -> dict[str, Any]:
         """What a job must run on to be resumed by this client: providers add what changes the
@@ -62,7 +66,7 @@ class JobsMixin:
     def files(self) -> Files:
         """Upload, list, read and delete files (``create``, ``retrieve``, ``content``, ``path``,
         ``list``, ``delete``)."""
-        return self._manager().files
+        return self._files
 
     async def schedule_batch(
         self,
