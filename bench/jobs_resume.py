@@ -7,9 +7,10 @@ proxy in front of the server how many request bodies the server received more th
 checks every custom_id is in the output exactly once. Against the stub (in its own process, with
 latency) by default; ``--base-url`` targets a real server (e.g. the vLLM dev server) instead.
 
-    python bench/jobs_resume.py [--n 300] [--window 16] [--repeats 3] [--base-url URL]
+    python bench/jobs_resume.py [--n 300] [--window 16] [--repeats 3]
+    python bench/jobs_resume.py --base-url URL --repeats 1 --tag real
 
-Writes bench/results/jobs_resume.json.
+Writes bench/results/jobs_resume[_TAG].json.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--base-url", default=None, help="a real server (default: the stub)")
+    p.add_argument("--tag", default="", help="suffix of the results file name")
     args = p.parse_args()
     with target(args.base_url) as url:
         runs = [one_run(url, args.n, args.window, args.max_tokens) for _ in range(args.repeats)]
@@ -103,7 +105,7 @@ def main() -> None:
         "goal_resent_at_most_window": max(resent) <= args.window,
         "runs": runs,
     }
-    path = save("jobs_resume", summary)
+    path = save("jobs_resume" + (f"_{args.tag}" if args.tag else ""), summary)
     print(
         f"requests re-sent after kill-and-resume: median {summary['median_resent']}, "
         f"max {summary['max_resent']} (window {args.window}; goal <= window: "

@@ -11,9 +11,10 @@ to_response) is what differs between the two paths, and it shows; against the re
 on this shared 2-core machine the engine is the bottleneck and the ratio is ~1 by construction
 and noisy. ``--base-url`` runs it against a real server anyway.
 
-    python bench/jobs_throughput.py [--n 5000] [--repeats 3] [--base-url URL --max-tokens 16]
+    python bench/jobs_throughput.py [--n 5000] [--repeats 3]
+    python bench/jobs_throughput.py --base-url URL --n 256 --max-tokens 16 --tag real
 
-Writes bench/results/jobs_throughput.json.
+Writes bench/results/jobs_throughput[_TAG].json.
 """
 
 from __future__ import annotations
@@ -106,12 +107,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--base-url", default=None, help="a real server (default: the stub)")
+    p.add_argument("--tag", default="", help="suffix of the results file name")
     args = p.parse_args()
     with target(args.base_url) as url:
         figures = anyio.run(measure, url, args.n, args.repeats, args.max_tokens)
     figures["target"] = f"real server {args.base_url}" if args.base_url else "stub, 50 ms latency"
     figures["goal_at_least_0_95"] = figures["ratio_job_over_batch"] >= 0.95
-    path = save("jobs_throughput", figures)
+    path = save("jobs_throughput" + (f"_{args.tag}" if args.tag else ""), figures)
     print(
         f"{figures['target']}, {args.n} requests, 64 in flight: batch_chat_completion "
         f"{figures['batch_requests_per_s']:.0f} req/s, job {figures['job_requests_per_s']:.0f} "

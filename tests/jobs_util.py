@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,3 +67,16 @@ def wait_sync(check: Callable[[], Any], *, timeout: float = 60.0, every: float =
             return value
         time.sleep(every)
     raise TimeoutError(f"condition not met within {timeout} s")
+
+
+def done_in_db(state: Path) -> int:
+    """Finished results committed so far (read straight from the SQLite file)."""
+    db = state / "batchclient.sqlite3"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        try:
+            row = conn.execute("SELECT coalesce(sum(completed + failed), 0) FROM jobs").fetchone()
+        except sqlite3.OperationalError:
+            return 0
+    return int(row[0])

@@ -19,12 +19,12 @@ import pytest
 
 from batchclient.cli import main
 from batchclient.testing import StubServer
-from jobs_util import jsonl, line, read_jsonl, wait_sync
+from jobs_util import done_in_db, jsonl, line, read_jsonl, wait_sync
 
 WINDOW = 8
 
 
-def write_input(path: Path, n: int, *, bad: set[int] = frozenset()) -> Path:  # type: ignore[assignment]
+def write_input(path: Path, n: int, *, bad: frozenset[int] = frozenset()) -> Path:
     lines = [line(f"r{i}", f"n{i}", **({"max_tokens": -5} if i in bad else {})) for i in range(n)]
     path.write_bytes(jsonl(lines))
     return path
@@ -45,19 +45,6 @@ def run_args(inp: Path, out: Path, url: str, state: Path, *extra: str) -> list[s
         "--no-progress",
         *extra,
     ]
-
-
-def done_in_db(state: Path) -> int:
-    """Finished results committed so far (read straight from the SQLite file)."""
-    db = state / "batchclient.sqlite3"
-    if not db.exists():
-        return 0
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        try:
-            row = conn.execute("SELECT coalesce(sum(completed + failed), 0) FROM jobs").fetchone()
-        except sqlite3.OperationalError:
-            return 0
-    return int(row[0])
 
 
 def latest_job(state: Path) -> str:
@@ -83,7 +70,7 @@ def refusal_400(body: dict[str, Any], attempt: int) -> Any:
 
 
 def test_run_writes_openai_output_and_a_rerun_sends_nothing(tmp_path: Path) -> None:
-    inp = write_input(tmp_path / "in.jsonl", 30, bad={4, 17})
+    inp = write_input(tmp_path / "in.jsonl", 30, bad=frozenset({4, 17}))
     out, err, state = tmp_path / "out.jsonl", tmp_path / "err.jsonl", tmp_path / "state"
     with StubServer(record_bodies=True, handler=refusal_400) as stub:
         assert main(run_args(inp, out, stub.url, state)) == 0
@@ -171,7 +158,7 @@ def test_c11_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_pat
 
 
 def test_c12_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> None:
-    inp = write_input(tmp_path / "in.jsonl", 300, bad={7, 150})
+    inp = write_input(tmp_path / "in.jsonl", 300, bad=frozenset({7, 150}))
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     with StubServer(latency_s=0.02, jitter_s=0.08, record_bodies=True, handler=refusal_400) as stub:
         proc = spawn(run_args(inp, out, stub.url, state))

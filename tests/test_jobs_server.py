@@ -19,7 +19,7 @@ import pytest
 from batchclient import RemoteBatchInference
 from batchclient.cli import main
 from batchclient.testing import CountingProxy
-from jobs_util import jsonl, line, read_jsonl, wait_sync
+from jobs_util import done_in_db, jsonl, line, read_jsonl, wait_sync
 
 pytestmark = pytest.mark.server
 
@@ -109,8 +109,6 @@ def test_c12_crash_and_resume_against_the_real_server(vllm_url: str, tmp_path: P
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        from test_jobs_cli import done_in_db
-
         wait_sync(lambda: done_in_db(state) >= 100 or proc.poll() is not None, timeout=240)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
