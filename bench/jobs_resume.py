@@ -1,8 +1,8 @@
 """Requests sent again after a kill-and-resume of ``batchclient run`` (goal: <= the in-flight
 window).
 
-Runs a job of ``--n`` lines through ``batchclient run`` in a subprocess, SIGKILLs it once about a
-third of the results are committed, runs the same command again to the end, and counts with a
+Runs a job of ``--n`` lines through ``batchclient run`` in a subprocess, SIGKILLs it once the server
+has received a third of the requests, runs the same command again to the end, and counts with a
 proxy in front of the server how many request bodies the server received more than once. Also
 checks every custom_id is in the output exactly once. Against the stub (in its own process, with
 latency) by default; ``--base-url`` targets a real server (e.g. the vLLM dev server) instead.
@@ -55,8 +55,10 @@ def one_run(upstream: str, n: int, window: int, max_tokens: int) -> dict[str, fl
         cmd += ["--max-concurrency", str(window), "--no-progress"]
         proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 600
-        while committed(state) < n // 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
+        # killed once the server received a third of the requests: a moment unrelated to when
+        # results are committed
+        while proxy.requests < n // 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         at_kill, sent_before = committed(state), proxy.requests

@@ -132,8 +132,13 @@ def spawn(args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
-def kill_after(proc: subprocess.Popen[bytes], state: Path, n: int) -> int:
-    wait_sync(lambda: done_in_db(state) >= n or proc.poll() is not None, timeout=120, every=0.01)
+def kill_after(proc: subprocess.Popen[bytes], state: Path, n: int, sent: Any = None) -> int:
+    """SIGKILL once ``n`` results are committed, or (with ``sent``) once the server received
+    ``n`` requests: a moment unrelated to commits, so lazy commits could not hide."""
+    if sent is None:
+        wait_sync(lambda: done_in_db(state) >= n or proc.poll() is not None, timeout=120)
+    else:
+        wait_sync(lambda: sent() >= n or proc.poll() is not None, timeout=120, every=0.002)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()  # reaped: its pid is dead for the next run's lease check
     return done_in_db(state)
@@ -162,7 +167,7 @@ def test_c12_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) ->
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     with StubServer(latency_s=0.02, jitter_s=0.08, record_bodies=True, handler=refusal_400) as stub:
         proc = spawn(run_args(inp, out, stub.url, state))
-        at_kill = kill_after(proc, state, 100)
+        at_kill = kill_after(proc, state, 110, sent=lambda: stub.stats.requests)
         before = sent_counts(stub)
         second = spawn(run_args(inp, out, stub.url, state))
         assert second.wait(120) == 0, second.stderr.read() if second.stderr else ""
