@@ -167,7 +167,7 @@ def test_c12_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) ->
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     with StubServer(latency_s=0.02, jitter_s=0.08, record_bodies=True, handler=refusal_400) as stub:
         proc = spawn(run_args(inp, out, stub.url, state))
-        at_kill = kill_after(proc, state, 110, sent=lambda: stub.stats.requests)
+        at_kill = kill_after(proc, state, 100 + WINDOW, sent=lambda: stub.stats.requests)
         before = sent_counts(stub)
         second = spawn(run_args(inp, out, stub.url, state))
         assert second.wait(120) == 0, second.stderr.read() if second.stderr else ""
