@@ -283,38 +283,29 @@ class Store:
         )
         return {int(r["seq"]) for r in rows}
 
-    def iter_results(self, job_id: str, *, ok: bool | None = None) -> Iterator[ResultRow]:
-        """Finished rows in ``seq`` order, read in chunks (memory flat; the lock is not held
-        between chunks, so writers are not blocked)."""
+    def _chunked(self, job_id: str, columns: str, ok: bool | None) -> Iterator[sqlite3.Row]:
+        """Rows of the job's results in ``seq`` order, read in chunks (memory flat; the lock is
+        not held between chunks, so writers are not blocked)."""
         after = -1
         extra = "" if ok is None else f" AND ok = {int(ok)}"
         while True:
             rows = self._all(
-                f"SELECT * FROM results WHERE job_id = ? AND seq > ?{extra} ORDER BY seq LIMIT ?",
+                f"SELECT {columns} FROM results WHERE job_id = ? AND seq > ?{extra} "
+                "ORDER BY seq LIMIT ?",
                 (job_id, after, _CHUNK),
             )
-            for r in rows:
-                yield _result(r)
+            yield from rows
             if len(rows) < _CHUNK:
                 return
             after = int(rows[-1]["seq"])
 
+    def iter_results(self, job_id: str, *, ok: bool | None = None) -> Iterator[ResultRow]:
+        """Finished rows in ``seq`` order (all, only successes, or only failures)."""
+        return (_result(r) for r in self._chunked(job_id, "*", ok))
+
     def iter_lines(self, job_id: str, *, ok: bool | None = None) -> Iterator[str]:
-        """The stored output/error file lines in ``seq`` order (chunked, like
-        :meth:`iter_results`, without decoding them)."""
-        after = -1
-        extra = "" if ok is None else f" AND ok = {int(ok)}"
-        while True:
-            rows = self._all(
-                f"SELECT seq, line FROM results WHERE job_id = ? AND seq > ?{extra} "
-                "ORDER BY seq LIMIT ?",
-                (job_id, after, _CHUNK),
-            )
-            for r in rows:
-                yield str(r["line"])
-            if len(rows) < _CHUNK:
-                return
-            after = int(rows[-1]["seq"])
+        """The stored output/error file lines in ``seq`` order, without decoding them."""
+        return (str(r["line"]) for r in self._chunked(job_id, "seq, line", ok))
 
     def copy_successes(self, src_job: str, dst_job: str) -> None:
         """Seed ``dst_job`` with the successful rows of ``src_job`` (same input content)."""
