@@ -5,6 +5,10 @@ One protocol, :class:`BatchInference`, over interchangeable providers:
 - :class:`RemoteBatchInference`: concurrency-limited fan-out to any OpenAI-compatible endpoint;
 - :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything).
 
+Both also run OpenAI batch JSONL files as durable, resumable jobs (``files``,
+``schedule_batch``, ``job_status``, ``job_info``, ``job_cancel``, ``job_result``; guide:
+``docs/jobs.md``) and the ``batchclient`` command runs them from the shell.
+
     async with RemoteBatchInference("http://127.0.0.1:8000/v1") as client:
         result = await client.batch_chat_completion(
             model="smollm2",
@@ -38,7 +42,10 @@ from .types import (
     GrammarResponseFormat,
     GreedySamplingStrategy,
     Job,
+    JobErrorEntry,
+    JobRequestCounts,
     JobStatus,
+    JobUsage,
     JsonSchemaResponseFormat,
     LogProbConfig,
     Message,
@@ -81,9 +88,12 @@ __all__ = [
     "GreedySamplingStrategy",
     "Job",
     "JobError",
+    "JobErrorEntry",
     "JobNotFoundError",
+    "JobRequestCounts",
     "JobStateError",
     "JobStatus",
+    "JobUsage",
     "JsonSchemaResponseFormat",
     "LogProbConfig",
     "Message",

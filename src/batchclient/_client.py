@@ -8,6 +8,7 @@ A provider subclasses :class:`BaseBatchClient` and supplies ``_start``/``_stop``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from ._scheduler import ProgressCallback, ProgressTracker, run_requests
 from ._wire import ChatRequest, ChatResult, build_body, item_error, to_response, tool_to_wire
 from .errors import BatchFailedError, ClientClosedError, ConfigurationError, ErrorCode
+from .jobs._mixin import JobsMixin
 from .types import (
     BatchChatCompletionResponse,
     ChatCompletionResponse,
@@ -32,16 +34,26 @@ from .types import (
 )
 
 
-class BaseBatchClient:
-    """Shared machinery of the providers. Not public: use a provider class."""
+class BaseBatchClient(JobsMixin):
+    """Shared machinery of the providers. Not public: use a provider class.
 
-    def __init__(self) -> None:
+    ``state_dir``: where files, jobs and their results are kept (default: ``$BATCHCLIENT_STATE_DIR``
+    or the user data directory, see ``batchclient.jobs.default_state_dir``).
+    """
+
+    def __init__(self, *, state_dir: str | os.PathLike[str] | None = None) -> None:
         self._open = False
+        self._init_jobs(state_dir)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:
         await self._start()
+        try:
+            await self._open_jobs()  # resumes jobs left unfinished in the state directory
+        except BaseException:
+            await self._stop()
+            raise
         self._open = True
         return self
 
@@ -52,7 +64,10 @@ class BaseBatchClient:
         tb: TracebackType | None,
     ) -> None:
         self._open = False
-        await self._stop()
+        try:
+            await self._close_jobs()  # pauses running jobs: they resume on the next `async with`
+        finally:
+            await self._stop()
 
     def _require_open(self) -> None:
         if not self._open:

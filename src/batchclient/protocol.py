@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._scheduler import ProgressCallback
+from .jobs._files import Files
 from .types import (
     BatchChatCompletionResponse,
+    BatchJob,
     Job,
     JobStatus,
     LogProbConfig,
@@ -49,14 +51,32 @@ class BatchInference(Protocol):
         """One answer per conversation, in input order; failures are per-item ``error``s."""
         ...
 
+    @property
+    def files(self) -> Files:
+        """Upload, list, read and delete files in the client's state directory."""
+        ...
+
     async def schedule_batch(
         self,
         file_id: str,
         *,
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
+        reuse_results_from: str | None = None,
     ) -> Job:
         """Validate an uploaded OpenAI batch JSONL file and run it in the background."""
+        ...
+
+    async def job_info(self, job_id: str) -> BatchJob:
+        """The OpenAI-shaped batch record (status, timestamps, request counts, files, usage)."""
+        ...
+
+    async def job_wait(self, job_id: str) -> BatchJob:
+        """Wait until the job is finished (completed, failed, cancelled or expired)."""
+        ...
+
+    async def list_jobs(self, limit: int | None = None) -> list[BatchJob]:
+        """The jobs of the client's state directory, newest first."""
         ...
 
     async def job_status(self, job_id: str) -> JobStatus | None:

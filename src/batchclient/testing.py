@@ -8,6 +8,8 @@ Sections:
 - **Fault-injecting stub server** (:class:`StubServer`, :class:`Fault`, :class:`StubReply`): an
   OpenAI-compatible loopback server with latency, capacity, ``Retry-After``, 5xx bursts,
   connection resets and malformed bodies on demand (defined in ``batchclient._stub``).
+- **Counting proxy** (:class:`CountingProxy`): forwards to a real server and counts each request
+  it forwards, to tell what was sent twice (defined in ``batchclient._proxy``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
 from .errors import EndpointError
 from .models import resolve_model
 
-__all__ = ["Fault", "StubReply", "StubServer", "StubStats", "free_port", "vllm_server"]
+__all__ = [
+    "CountingProxy",
+    "Fault",
+    "StubReply",
+    "StubServer",
+    "StubStats",
+    "free_port",
+    "vllm_server",
+]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ hidden retries would hide throttling from our own policy. ``docs/design.md`` say
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -42,6 +43,8 @@ class RemoteBatchInference(BaseBatchClient):
         headers: extra HTTP headers for every request.
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
+        state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR`` or
+            the user data directory); jobs there resume with a client on the same ``base_url``.
     """
 
     def __init__(
@@ -57,8 +60,9 @@ class RemoteBatchInference(BaseBatchClient):
         backoff_max_s: float = 30.0,
         headers: dict[str, str] | None = None,
         check_model: bool = True,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(state_dir=state_dir)
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
         if max_retries < 0:
@@ -96,6 +100,9 @@ class RemoteBatchInference(BaseBatchClient):
 
     def _window(self) -> int:
         return self.max_concurrency
+
+    def _job_identity(self) -> dict[str, Any]:
+        return {"provider": "remote", "base_url": self.base_url}
 
     def _concurrency_limit(self) -> int | None:
         return int(self._limiter.total_tokens)

@@ -1,0 +1,127 @@
+"""``client.files``: upload, list, read and delete files in the state directory (OpenAI
+``/v1/files`` in spirit). Uploads are streamed in 1 MiB chunks, never read whole into memory."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import anyio
+from anyio import to_thread
+
+from ..errors import ConfigurationError, JobStateError
+from ..types import FileObject
+from ._store import Store, now
+
+if TYPE_CHECKING:
+    from ._manager import JobManager
+
+_CHUNK = 1024 * 1024
+FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
+
+
+class Files:
+    """The files of one state directory. Every method needs the owning client (or job
+    manager) to be open (else ``ClientClosedError``); unknown ids raise
+    ``FileNotFoundInStoreError``."""
+
+    def __init__(self, manager: Callable[[], JobManager]) -> None:
+        self._get_manager = manager
+
+    async def _store(self) -> Store:
+        return await self._get_manager().store()
+
+    async def create(
+        self, file: FileInput, *, purpose: str = "batch", filename: str | None = None
+    ) -> FileObject:
+        """Store a file: a path, ``bytes``, or a file object (binary, or text encoded as
+        UTF-8), copied in 1 MiB chunks. ``purpose`` is ``"batch"`` for batch input files.
+        ``filename`` defaults to the path's name (``"upload.jsonl"`` for bytes and streams).
+
+        Returns the ``FileObject`` (``id``, ``bytes``, ``filename``, ``created_at``,
+        ``purpose``). Raises ``ConfigurationError`` for a path that is not a readable file."""
+        store = await self._store()
+        if isinstance(file, str | os.PathLike):
+            path = Path(file)
+            if not await anyio.Path(path).is_file():
+                raise ConfigurationError(f"{path} is not a file")
+            name = filename or path.name
+        else:
+            name = filename or getattr(file, "name", None) or "upload.jsonl"
+            name = Path(str(name)).name
+        return await to_thread.run_sync(_store_file, store, file, purpose, name)
+
+    async def retrieve(self, file_id: str) -> FileObject:
+        """The record of one file."""
+        store = await self._store()
+        record: FileObject = await to_thread.run_sync(store.get_file, file_id)
+        return record
+
+    async def content(self, file_id: str) -> bytes:
+        """The whole content of a file, in memory. For large files read :meth:`path`."""
+        store = await self._store()
+        await to_thread.run_sync(store.get_file, file_id)
+        return await to_thread.run_sync(store.file_path(file_id).read_bytes)
+
+    async def path(self, file_id: str) -> Path:
+        """Where the file's bytes are on disk (read it, do not change it)."""
+        store = await self._store()
+        await to_thread.run_sync(store.get_file, file_id)
+        return store.file_path(file_id)
+
+    async def list(self, purpose: str | None = None) -> list[FileObject]:
+        """Every file (optionally only those of one ``purpose``), newest first."""
+        store = await self._store()
+        files: list[FileObject] = await to_thread.run_sync(store.list_files, purpose)
+        return files
+
+    async def delete(self, file_id: str) -> None:
+        """Delete a file. Raises ``JobStateError`` for the input file of a job that is not
+        finished (it is needed to resume the job)."""
+        store = await self._store()
+        users = await to_thread.run_sync(store.jobs_using_file, file_id)
+        if users:
+            raise JobStateError(f"file {file_id} is the input of unfinished job(s) {users}")
+        await to_thread.run_sync(store.delete_file, file_id)
+
+
+def _store_file(store: Store, file: FileInput, purpose: str, filename: str) -> FileObject:
+    file_id = f"file-{secrets.token_hex(12)}"
+    target = store.file_path(file_id)
+    tmp = target.with_name(f".{file_id}.tmp")
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with tmp.open("wb") as out:
+            for chunk in _chunks(file):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    record = FileObject(
+        id=file_id, bytes=size, created_at=now(), filename=filename, purpose=purpose
+    )
+    store.add_file(record, digest.hexdigest())
+    return record
+
+
+def _chunks(file: Any) -> Any:
+    if isinstance(file, bytes):
+        yield from (file[i : i + _CHUNK] for i in range(0, len(file), _CHUNK))
+        return
+    if isinstance(file, str | os.PathLike):
+        with open(file, "rb") as f:
+            yield from iter(lambda: f.read(_CHUNK), b"")
+        return
+    if isinstance(file, io.TextIOBase):
+        yield from (s.encode("utf-8") for s in iter(lambda: file.read(_CHUNK), ""))
+        return
+    while chunk := file.read(_CHUNK):
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk

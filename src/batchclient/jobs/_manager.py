@@ -1,0 +1,393 @@
+"""``JobManager``: the files and jobs of one state directory, and the jobs running in this
+process.
+
+Every provider client owns one (created in its ``__aenter__``); the ``batchclient jobs`` commands
+open one without a provider (they can list, inspect, cancel and export, not run). Jobs run as
+tasks of the manager's task group, which lives exactly as long as the client's ``async with``
+block. Leaving the block pauses the running jobs (they stay ``in_progress``); the next client on
+the same state directory with the same provider identity resumes them.
+
+Leases: a running job's row names its ``owner`` (host, pid, a random token) and a
+``heartbeat_at`` refreshed every second. A job is orphaned when its owner is gone: the pid is dead
+on this host, or the heartbeat is older than :data:`LEASE_S`. Only orphaned jobs are resumed, so
+two processes never run the same job. ``job_cancel`` from another process marks the job
+``cancelling``; its owner sees that at its next heartbeat and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio import to_thread
+from anyio.abc import TaskGroup
+
+from ..errors import ConfigurationError, JobError, JobStateError
+from ..types import (
+    BatchChatCompletionResponse,
+    BatchJob,
+    ChatCompletionResponse,
+    Job,
+    JobErrorEntry,
+    JobStatus,
+)
+from ._files import Files
+from ._output import iter_output_lines, response_for, write_lines
+from ._runner import JobProvider, RunningJob, finalize, parse_window, run_job
+from ._store import ACTIVE, Store, default_state_dir, now
+
+LEASE_S = 10.0
+"""A job whose owner has not refreshed its heartbeat for this many seconds is orphaned."""
+HEARTBEAT_S = 1.0
+
+_STATUS_MAP = {
+    "validating": JobStatus.scheduled,
+    "in_progress": JobStatus.in_progress,
+    "finalizing": JobStatus.in_progress,
+    "cancelling": JobStatus.in_progress,
+    "completed": JobStatus.completed,
+    "failed": JobStatus.failed,
+    "expired": JobStatus.failed,
+    "cancelled": JobStatus.cancelled,
+}
+
+
+class JobManager:
+    """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
+    ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
+    ``identity`` matches on entry); without one it can only inspect, cancel and export."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        provider: JobProvider | None = None,
+        identity: dict[str, Any] | None = None,
+    ) -> None:
+        self.state_dir = (
+            Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
+        )
+        self._provider = provider
+        self._identity = json.dumps(identity or {}, sort_keys=True)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._store: Store | None = None
+        self._tg: TaskGroup | None = None
+        self._running: dict[str, RunningJob] = {}
+        self.files = Files(lambda: self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            if Store.exists(self.state_dir):
+                await self.store()
+                if self._provider is not None:
+                    await self._resume_orphans()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()  # pauses running jobs; they release their leases
+            await tg.__aexit__(None, None, None)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    async def store(self) -> Store:
+        """The state directory's database, created on first use."""
+        if self._tg is None:
+            raise JobError("the job manager is not open: use it inside `async with`")
+        if self._store is None:
+            self._store = await to_thread.run_sync(Store, self.state_dir)
+            assert self._tg is not None
+            if self._provider is not None:
+                self._tg.start_soon(self._heartbeat)
+        return self._store
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        await self.store()
+        return await to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    # ------------------------------------------------------------------ leases
+
+    def _orphaned(self, owner: str | None, heartbeat_at: float | None) -> bool:
+        if owner is None:
+            return True
+        if owner == self.owner:
+            return False
+        host, pid, _ = [*owner.split(":"), "", "", ""][:3]
+        if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
+            return True
+        return heartbeat_at is None or time.time() - heartbeat_at > LEASE_S
+
+    async def _resume_orphans(self) -> None:
+        store = await self.store()
+        for row in await to_thread.run_sync(store.active_jobs):
+            mine = row["identity"] == self._identity
+            if not mine and row["status"] not in ("finalizing", "cancelling"):
+                continue  # another provider's job: it resumes with a client like the one it ran on
+            if self._orphaned(row["owner"], row["heartbeat_at"]) and await to_thread.run_sync(
+                store.claim, row["id"], self.owner, row["owner"]
+            ):
+                self._start(row["id"])
+
+    def _start(self, job_id: str) -> None:
+        assert self._tg is not None and self._provider is not None
+        running = RunningJob(job_id)
+        self._running[job_id] = running
+        self._tg.start_soon(self._run, running)
+
+    async def _run(self, running: RunningJob) -> None:
+        assert self._store is not None and self._provider is not None
+        store = self._store
+        try:
+            await run_job(store, self._provider, running)
+        except anyio.get_cancelled_exc_class():
+            raise  # the client is closing: the job stays active, to be resumed
+        except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
+            error = JobErrorEntry(code="internal_error", message=f"{type(exc).__name__}: {exc}")
+            with anyio.CancelScope(shield=True):
+                await to_thread.run_sync(
+                    lambda: store.update_job(
+                        running.job_id,
+                        where_status=ACTIVE,
+                        status="failed",
+                        failed_at=now(),
+                        errors=[error.model_dump(exclude_none=True)],
+                    )
+                )
+        finally:
+            self._running.pop(running.job_id, None)
+            running.done.set()
+            with anyio.CancelScope(shield=True):
+                await to_thread.run_sync(store.release, running.job_id, self.owner)
+
+    async def _heartbeat(self) -> None:
+        store = self._store
+        assert store is not None
+        while True:
+            for job_id, status in await to_thread.run_sync(store.heartbeat, self.owner):
+                running = self._running.get(job_id)
+                if status == "cancelling" and running is not None:
+                    running.cancel_requested = True
+                    running.scope.cancel()
+            await anyio.sleep(HEARTBEAT_S)
+
+    # ------------------------------------------------------------------ jobs
+
+    async def schedule(
+        self,
+        file_id: str,
+        *,
+        completion_window: str = "24h",
+        metadata: dict[str, str] | None = None,
+        reuse_results_from: str | None = None,
+    ) -> Job:
+        """Create a job over an uploaded batch file and start it; see
+        ``BaseBatchClient.schedule_batch``."""
+        if self._provider is None:
+            raise ConfigurationError("this job manager has no provider: it cannot run jobs")
+        try:
+            window_s = parse_window(completion_window)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        _check_metadata(metadata)
+        store = await self.store()
+        record = await self._call(store.get_file, file_id)
+        if record.purpose != "batch":
+            raise ConfigurationError(f"file {file_id} has purpose {record.purpose!r}, not 'batch'")
+        if reuse_results_from is not None:
+            seed = await self._call(store.job_row, reuse_results_from)
+            same = await self._call(store.file_sha256, seed["input_file_id"])
+            if same != await self._call(store.file_sha256, file_id):
+                raise ConfigurationError(
+                    f"job {reuse_results_from} ran on different input content than {file_id}"
+                )
+        created = time.time()
+        job_id = f"batch_{secrets.token_hex(12)}"
+        await self._call(
+            store.insert_job,
+            {
+                "id": job_id,
+                "input_file_id": file_id,
+                "endpoint": "/v1/chat/completions",
+                "completion_window": completion_window,
+                "status": "validating",
+                "created_at": int(created),
+                # rounded up: whole seconds (OpenAI's unit) never shorten the window
+                "expires_at": math.ceil(created + window_s),
+                "metadata": json.dumps(metadata) if metadata else None,
+                "identity": self._identity,
+                "seed_job_id": reuse_results_from,
+                "owner": self.owner,
+                "heartbeat_at": time.time(),
+            },
+        )
+        self._start(job_id)
+        return Job(job_id=job_id)
+
+    async def info(self, job_id: str) -> BatchJob:
+        store = await self.store()
+        job: BatchJob = await self._call(store.get_job, job_id)
+        return job
+
+    async def status(self, job_id: str) -> JobStatus | None:
+        if not Store.exists(self.state_dir):
+            return None
+        try:
+            job = await self.info(job_id)
+        except KeyError:
+            return None
+        return _STATUS_MAP[job.status]
+
+    async def list(self, limit: int | None = None) -> list[BatchJob]:
+        if not Store.exists(self.state_dir):
+            return []
+        store = await self.store()
+        jobs: list[BatchJob] = await self._call(store.list_jobs, limit)
+        return jobs
+
+    def is_running_here(self, job_id: str) -> bool:
+        return job_id in self._running
+
+    async def wait(self, job_id: str) -> BatchJob:
+        """Wait until the job is terminal (``completed``, ``failed``, ``cancelled``,
+        ``expired``); return it. Bound the wait with ``anyio.fail_after``."""
+        while True:
+            running = self._running.get(job_id)
+            if running is not None:
+                await running.done.wait()
+            job = await self.info(job_id)
+            if job.status not in ACTIVE:
+                return job
+            if running is None:
+                await anyio.sleep(0.2)
+
+    async def cancel(self, job_id: str) -> None:
+        """Cancel a job; see ``BaseBatchClient.job_cancel``."""
+        store = await self.store()
+        row = await self._call(store.job_row, job_id)
+        if row["status"] == "cancelled":
+            return
+        if row["status"] not in ("validating", "in_progress", "cancelling"):
+            raise JobStateError(
+                f"job {job_id} is {row['status']}: only a validating or in-progress job can be "
+                "cancelled"
+            )
+        changed = await self._call(
+            store.update_job,
+            job_id,
+            where_status=("validating", "in_progress"),
+            status="cancelling",
+            cancelling_at=now(),
+        )
+        if not changed and (await self._call(store.job_row, job_id))["status"] not in (
+            "cancelling",
+            "cancelled",
+        ):
+            raise JobStateError(f"job {job_id} finished before it could be cancelled")
+        running = self._running.get(job_id)
+        if running is not None:
+            running.cancel_requested = True
+            running.scope.cancel()
+            await running.done.wait()
+            return
+        # Not running here: its owner (another process) stops it at its next heartbeat, or,
+        # when the owner is gone, we finish the cancellation ourselves.
+        with anyio.fail_after(LEASE_S * 3):
+            while True:
+                row = await self._call(store.job_row, job_id)
+                if row["status"] not in ACTIVE:
+                    return
+                if self._orphaned(row["owner"], row["heartbeat_at"]) and await self._call(
+                    store.claim, job_id, self.owner, row["owner"]
+                ):
+                    try:
+                        await finalize(store, job_id, "cancelled")
+                    finally:
+                        await self._call(store.release, job_id, self.owner)
+                    return
+                await anyio.sleep(0.2)
+
+    async def result(self, job_id: str) -> BatchChatCompletionResponse:
+        """One response per input line, in input order; see ``BaseBatchClient.job_result``."""
+        store = await self.store()
+        row = await self._call(store.job_row, job_id)
+        status = row["status"]
+        if status == "failed":
+            errors = json.loads(row["errors"] or "[]")
+            first = errors[0] if errors else {}
+            detail = f"; first: {first.get('code')}: {first.get('message')}" if first else ""
+            raise JobStateError(f"job {job_id} failed ({len(errors)} error(s){detail})")
+        if status in ACTIVE:
+            raise JobStateError(f"job {job_id} is {status}; wait for it (job_wait) first")
+
+        def build() -> list[ChatCompletionResponse]:
+            return [response_for(r) for r in store.iter_results(job_id)]
+
+        batch = await to_thread.run_sync(build)
+        if len(batch) != row["total"]:
+            raise JobError(f"job {job_id} has {len(batch)} results for {row['total']} lines")
+        return BatchChatCompletionResponse(batch=batch)
+
+    async def export(
+        self, job_id: str, output: str | os.PathLike[str], errors: str | os.PathLike[str] | None
+    ) -> None:
+        """Write the job's finished lines in the OpenAI batch output format, in input order:
+        successes to ``output`` and failures to ``errors``, or everything to ``output`` when
+        ``errors`` is None. Each file is replaced atomically."""
+        store = await self.store()
+        await self._call(store.job_row, job_id)
+        out, err = Path(output), Path(errors) if errors is not None else None
+        if err is None:
+            await to_thread.run_sync(write_lines, iter_output_lines(store, job_id), out)
+            return
+        await to_thread.run_sync(write_lines, iter_output_lines(store, job_id, ok=True), out)
+        await to_thread.run_sync(write_lines, iter_output_lines(store, job_id, ok=False), err)
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's limits: at most 16 pairs, keys up to 64 and values up to 512 characters."""
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise ConfigurationError("metadata has more than 16 pairs")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigurationError("metadata keys and values must be strings")
+        if len(key) > 64 or len(value) > 512:
+            raise ConfigurationError(f"metadata {key[:64]!r}: key over 64 or value over 512 chars")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists and is not a zombie (Linux: /proc)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True

@@ -1,0 +1,189 @@
+"""Results <-> stored rows <-> lines of OpenAI batch output and error files.
+
+Output line (OpenAI Batch API, ``shared/reference/batch-api-contract.md`` §2)::
+
+    {"id": "batch_req_...", "custom_id": "...",
+     "response": {"status_code": 200, "request_id": "...", "body": {<ChatCompletion>}},
+     "error": null}
+
+- an API refusal keeps its HTTP status and ``body.error{message, type, param, code}``, with
+  ``"error": null``;
+- a failure without an HTTP answer (dropped connection, timeout, ``batch_cancelled``,
+  ``batch_expired``) has ``"response": null, "error": {"code", "message"}``;
+- an answer that came back 200 but failed batchclient's checks (tool-call arguments or a JSON
+  answer not matching its schema) keeps its response and also carries ``error{code, message}``;
+  it is counted as failed and written to the error file.
+
+No line ever has status 200 without a ChatCompletion body (case C18).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from .._wire import ChatRequest, ChatResult, to_response
+from ..types import ChatCompletionResponse, FileObject
+from ._store import ResultRow, Store, now
+
+
+def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> ChatRequest:
+    """The internal request for one input line, with the schemas its answer is checked
+    against (``response_format.json_schema.schema``; each tool's ``parameters``)."""
+    schema = None
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        inner = fmt.get("json_schema")
+        if isinstance(inner, dict) and isinstance(inner.get("schema"), dict):
+            schema = inner["schema"]
+    tool_schemas = None
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        tool_schemas = {}
+        for tool in tools:
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                params = fn.get("parameters")
+                tool_schemas[fn["name"]] = params if isinstance(params, dict) else {}
+    return ChatRequest(
+        index=seq,
+        body=body,
+        custom_id=custom_id,
+        response_schema=schema,
+        tool_schemas=tool_schemas or None,
+    )
+
+
+def row_for(job_id: str, request: ChatRequest, result: ChatResult) -> ResultRow:
+    """The stored row of one finished request, with its output line. The verdict (``ok``) is
+    the same as ``batch_chat_completion`` gives the item: ``to_response`` without an error."""
+    response = to_response(request, result)
+    body = result.body
+    usage = body.get("usage") if isinstance(body, dict) else None
+    tokens_in = tokens_out = 0
+    if isinstance(usage, dict):
+        tokens_in = _int(usage.get("prompt_tokens"))
+        tokens_out = _int(usage.get("completion_tokens"))
+    request_id = result.request_id
+    if request_id is None and isinstance(body, dict) and isinstance(body.get("id"), str):
+        request_id = body["id"]
+    row = ResultRow(
+        seq=request.index,
+        custom_id=request.custom_id or "",
+        ok=response.error is None,
+        status_code=result.status_code,
+        body=body,
+        error=result.error if result.error is not None else response.error,
+        request_id=request_id,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
+    )
+    return with_line(job_id, row)
+
+
+def with_line(job_id: str, row: ResultRow) -> ResultRow:
+    row.line = json.dumps(output_line(job_id, row), ensure_ascii=False, separators=(",", ":"))
+    return row
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def response_for(row: ResultRow) -> ChatCompletionResponse:
+    """The protocol's ``ChatCompletionResponse`` of a stored row (for ``job_result``)."""
+    result = ChatResult(
+        status_code=row.status_code, body=row.body, error=row.error, request_id=row.request_id
+    )
+    request = ChatRequest(index=row.seq, body={}, custom_id=row.custom_id)
+    return to_response(request, result)
+
+
+def output_line(job_id: str, row: ResultRow) -> dict[str, Any]:
+    """One line of the OpenAI batch output (or error) file."""
+    line: dict[str, Any] = {"id": f"batch_req_{job_id.removeprefix('batch_')}_{row.seq}"}
+    line["custom_id"] = row.custom_id
+    error = None if row.error is None else {"code": row.error.code, "message": row.error.message}
+    if row.status_code is not None and isinstance(row.body, dict):
+        line["response"] = {
+            "status_code": row.status_code,
+            "request_id": row.request_id,
+            "body": row.body,
+        }
+        # an API refusal is told by its status and body.error; only an answer that came back
+        # 2xx and failed our checks carries an error next to its response
+        line["error"] = error if (not row.ok and 200 <= row.status_code < 300) else None
+    else:
+        line["response"] = None
+        line["error"] = error or {"code": "internal_error", "message": "no result recorded"}
+    return line
+
+
+def iter_output_lines(store: Store, job_id: str, *, ok: bool | None = None) -> Iterator[bytes]:
+    """The job's output lines (``ok=True``), error lines (``ok=False``) or all, in input
+    order, as encoded JSONL lines (streamed from SQLite, as stored)."""
+    for line in store.iter_lines(job_id, ok=ok):
+        yield line.encode() + b"\n"
+
+
+def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:
+    """Write lines to ``path`` atomically (a temporary file in the same directory, then
+    ``os.replace``); return (bytes written, SHA-256)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    size = 0
+    with tmp.open("wb") as f:
+        size = _copy(lines, f, digest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return size, digest.hexdigest()
+
+
+def _copy(lines: Iterator[bytes], f: IO[bytes], digest: Any) -> int:
+    size = 0
+    buffer: list[bytes] = []
+    for line in lines:
+        buffer.append(line)
+        if len(buffer) >= 512:
+            chunk = b"".join(buffer)
+            f.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+            buffer.clear()
+    chunk = b"".join(buffer)
+    f.write(chunk)
+    digest.update(chunk)
+    return size + len(chunk)
+
+
+def write_job_files(store: Store, job_id: str) -> tuple[str | None, str | None]:
+    """Write the job's output and error files (purpose ``batch_output``) into the store;
+    return their ids (None for a file that would be empty). Files of an earlier, interrupted
+    attempt at this are replaced."""
+    ids: list[str | None] = []
+    for ok, kind in ((True, "output"), (False, "error")):
+        file_id = f"file-{job_id.removeprefix('batch_')}-{kind}"
+        with contextlib.suppress(KeyError):  # left by an interrupted earlier attempt
+            store.delete_file(file_id)
+        path = store.file_path(file_id)
+        size, sha = write_lines(iter_output_lines(store, job_id, ok=ok), path)
+        if size == 0:
+            path.unlink(missing_ok=True)
+            ids.append(None)
+            continue
+        record = FileObject(
+            id=file_id,
+            bytes=size,
+            created_at=now(),
+            filename=f"{job_id}_{kind}.jsonl",
+            purpose="batch_output",
+        )
+        store.add_file(record, sha)
+        ids.append(file_id)
+    return ids[0], ids[1]

@@ -1,0 +1,283 @@
+"""Validation of an OpenAI batch input file (JSONL), streamed, all-or-nothing.
+
+Rules (OpenAI Batch API, ``shared/reference/batch-api-contract.md`` §2): every non-blank line is
+``{"custom_id": str (unique), "method": "POST", "url": "/v1/chat/completions", "body": {"model":
+str, "messages": [...], ...}}``; one model per file; ``stream: true`` is refused. One error per bad
+line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
+whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
+tolerated; anything that is not UTF-8 is refused with a message naming what it looks like.
+
+The file is read line by line and never held in memory; duplicate ``custom_id`` detection uses a
+private temporary on-disk SQLite database (SQLite's empty file name), so memory stays flat whatever
+the number of lines.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ..errors import ErrorCode
+from ..types import JobErrorEntry
+
+CHAT_COMPLETIONS = "/v1/chat/completions"
+MAX_LINE_BYTES = 32 * 1024 * 1024
+"""Longest accepted line (32 MiB); longer lines are refused without being read into memory."""
+MAX_LISTED_ERRORS = 1000
+"""At most this many errors are listed; one more entry says how many were left out."""
+
+_UTF16_32_BOMS = {
+    b"\xff\xfe\x00\x00": "UTF-32 (little-endian, with BOM)",
+    b"\x00\x00\xfe\xff": "UTF-32 (big-endian, with BOM)",
+    b"\xff\xfe": "UTF-16 (little-endian, with BOM)",
+    b"\xfe\xff": "UTF-16 (big-endian, with BOM)",
+}
+
+
+@dataclass
+class ValidationReport:
+    """What validation found: ``total`` request lines, the file's ``model``, and ``errors``
+    (empty when the file is valid). ``error_count`` counts every bad line, listed or not."""
+
+    total: int = 0
+    model: str | None = None
+    errors: list[JobErrorEntry] = field(default_factory=list)
+    error_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0
+
+    def add(self, code: ErrorCode, message: str, line: int | None, param: str | None) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_LISTED_ERRORS:
+            self.errors.append(
+                JobErrorEntry(code=code.value, message=message, line=line, param=param)
+            )
+
+
+@dataclass(slots=True)
+class RequestLine:
+    """One valid request line: ``seq`` is its 0-based position among request lines, ``line``
+    its 1-based physical line number."""
+
+    seq: int
+    line: int
+    custom_id: str
+    body: dict[str, Any]
+
+
+def iter_lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
+    """``(physical line number, bytes without the line ending)``; ``None`` for a line longer
+    than :data:`MAX_LINE_BYTES` (skipped without holding it in memory). A UTF-8 BOM at the start
+    of the file is dropped."""
+    number = 0
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):  # discard the rest of this line
+                raw = stream.readline(1024 * 1024)
+            yield number, None
+            continue
+        yield number, raw.rstrip(b"\r\n")
+
+
+def is_blank(raw: bytes) -> bool:
+    return not raw.strip()
+
+
+def describe_encoding(raw: bytes, exc: UnicodeDecodeError) -> str:
+    """A message naming what a line that is not UTF-8 looks like."""
+    byte = raw[exc.start : exc.start + 1].hex()
+    if b"\x00" in raw:
+        guess = "UTF-16 or UTF-32 (it contains NUL bytes)"
+    else:
+        guess = "a legacy 8-bit encoding such as Windows-1252 or Latin-1 (ISO-8859-1)"
+    return (
+        f"not valid UTF-8 (byte 0x{byte} at offset {exc.start}); it looks like {guess}. "
+        "Batch files must be UTF-8: re-encode the file (e.g. `iconv -t UTF-8`)"
+    )
+
+
+def parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode and parse one non-blank line: ``(object, None)`` or ``(None, problem)``. Never
+    raises (deep nesting, bad UTF-8 and non-objects become problems)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, "encoding:" + describe_encoding(raw, exc)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return None, f"json:line is not valid JSON: {str(exc)[:200]}"
+    if not isinstance(value, dict):
+        return None, f"json:line is JSON but not an object (got {type(value).__name__})"
+    return value, None
+
+
+def check_request(obj: dict[str, Any], endpoint: str) -> tuple[ErrorCode, str, str] | None:
+    """The first problem of one parsed line as ``(code, message, param)``, or None."""
+    for key in ("custom_id", "method", "url", "body"):
+        if key not in obj:
+            return ErrorCode.missing_required_parameter, f"missing required field {key!r}", key
+    custom_id = obj["custom_id"]
+    if not isinstance(custom_id, str) or not custom_id:
+        return ErrorCode.invalid_request, "custom_id must be a non-empty string", "custom_id"
+    if obj["method"] != "POST":
+        return ErrorCode.invalid_request, f"method must be POST, not {obj['method']!r}", "method"
+    if obj["url"] != endpoint:
+        return (
+            ErrorCode.invalid_url,
+            f"url {str(obj['url'])[:100]!r} does not match this batch's endpoint {endpoint!r}",
+            "url",
+        )
+    body = obj["body"]
+    if not isinstance(body, dict):
+        return ErrorCode.invalid_request, "body must be a JSON object", "body"
+    if "model" not in body:
+        return ErrorCode.missing_required_parameter, "body has no 'model'", "body.model"
+    if not isinstance(body["model"], str) or not body["model"]:
+        return ErrorCode.invalid_request, "body.model must be a non-empty string", "body.model"
+    if "messages" not in body:
+        return ErrorCode.missing_required_parameter, "body has no 'messages'", "body.messages"
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        return ErrorCode.invalid_request, "body.messages must be a non-empty list", "body.messages"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return (
+                ErrorCode.invalid_request,
+                f"body.messages[{i}] must be an object with a string 'role'",
+                "body.messages",
+            )
+    if body.get("stream") not in (None, False):
+        return (
+            ErrorCode.streaming_unsupported,
+            "stream must be false or absent in a batch (answers are written to the output file)",
+            "body.stream",
+        )
+    return None
+
+
+class _SeenIds:
+    """Custom ids seen so far, with the line of their first use, on disk (flat memory)."""
+
+    def __init__(self) -> None:
+        self._db = sqlite3.connect("")  # "" = private temporary on-disk database
+        self._db.execute(
+            "CREATE TABLE seen(custom_id TEXT PRIMARY KEY, line INTEGER) WITHOUT ROWID"
+        )
+
+    def first_line(self, custom_id: str, line: int) -> int | None:
+        """Record ``custom_id``; return the line of its first use if it was seen before."""
+        cur = self._db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (custom_id, line))
+        if cur.rowcount:
+            return None
+        row = self._db.execute("SELECT line FROM seen WHERE custom_id = ?", (custom_id,)).fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def validate_batch_file(stream: IO[bytes], *, endpoint: str = CHAT_COMPLETIONS) -> ValidationReport:
+    """Validate a whole batch input file read from a binary stream. Never raises on bad
+    content; every problem is a :class:`JobErrorEntry` in the report."""
+    report = ValidationReport()
+    head = stream.read(4)
+    for bom, name in _UTF16_32_BOMS.items():
+        if head.startswith(bom):
+            report.add(
+                ErrorCode.invalid_encoding,
+                f"the file is {name}; batch files must be UTF-8 (re-encode it, e.g. "
+                "`iconv -f UTF-16 -t UTF-8`)",
+                1,
+                None,
+            )
+            return report
+    stream.seek(0)
+    seen = _SeenIds()
+    first_model_line = 0
+    try:
+        for number, raw in iter_lines(stream):
+            if raw is None:
+                report.add(
+                    ErrorCode.invalid_request,
+                    f"line longer than {MAX_LINE_BYTES} bytes",
+                    number,
+                    None,
+                )
+                report.total += 1
+                continue
+            if is_blank(raw):
+                continue
+            report.total += 1
+            obj, problem = parse_line(raw)
+            if obj is None:
+                assert problem is not None
+                kind, message = problem.split(":", 1)
+                code = ErrorCode.invalid_json_line
+                if kind == "encoding":
+                    code = ErrorCode.invalid_encoding
+                report.add(code, message, number, None)
+                continue
+            bad = check_request(obj, endpoint)
+            if bad is not None:
+                report.add(bad[0], bad[1], number, bad[2])
+                continue
+            first = seen.first_line(obj["custom_id"], number)
+            if first is not None:
+                report.add(
+                    ErrorCode.duplicate_custom_id,
+                    f"custom_id {obj['custom_id'][:100]!r} is already used on line {first}; "
+                    "custom_id must be unique for each request in a batch",
+                    number,
+                    "custom_id",
+                )
+                continue
+            model = obj["body"]["model"]
+            if report.model is None:
+                report.model, first_model_line = model, number
+            elif model != report.model:
+                report.add(
+                    ErrorCode.mismatched_model,
+                    f"line uses model {model[:100]!r} but line {first_model_line} uses "
+                    f"{report.model!r}; a batch file must use one model",
+                    number,
+                    "body.model",
+                )
+    finally:
+        seen.close()
+    if report.total == 0:
+        report.add(ErrorCode.empty_file, "the file has no request lines", None, None)
+    elif report.error_count > len(report.errors):
+        left_out = report.error_count - len(report.errors)
+        report.errors.append(
+            JobErrorEntry(
+                code=ErrorCode.invalid_request.value,
+                message=f"{left_out} more invalid line(s) not listed",
+            )
+        )
+    return report
+
+
+def iter_requests(stream: IO[bytes]) -> Iterator[RequestLine]:
+    """The request lines of a file that passed :func:`validate_batch_file`, in file order."""
+    seq = 0
+    for number, raw in iter_lines(stream):
+        if raw is None or is_blank(raw):
+            continue
+        obj, _ = parse_line(raw)
+        if obj is None:  # cannot happen after validation; keep numbering in step anyway
+            seq += 1
+            continue
+        yield RequestLine(seq=seq, line=number, custom_id=obj["custom_id"], body=obj["body"])
+        seq += 1
