@@ -7,7 +7,9 @@ Sections:
   plain context manager.
 - **Fault-injecting stub server** (:class:`StubServer`, :class:`Fault`, :class:`StubReply`): an
   OpenAI-compatible loopback server with latency, capacity, ``Retry-After``, 5xx bursts,
-  connection resets and malformed bodies on demand (defined in ``batchclient._stub``).
+  connection resets and malformed bodies on demand (defined in ``batchclient._stub``), in a
+  background thread or as its own process (:class:`StubProcess`,
+  ``python -m batchclient.testing stub --help``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from ._stub import Fault, StubReply, StubServer, StubStats
+from ._stub_cli import StubProcess
 from .errors import EndpointError
 from .models import resolve_model
 
-__all__ = ["Fault", "StubReply", "StubServer", "StubStats", "free_port", "vllm_server"]
+__all__ = [
+    "Fault",
+    "StubProcess",
+    "StubReply",
+    "StubServer",
+    "StubStats",
+    "free_port",
+    "vllm_server",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,3 +274,9 @@ def _last_exception_line(text: str) -> str | None:
         if ":" in line and head.endswith(("Error", "Exception")) and " " not in head:
             return line.strip()[:300]
     return None
+
+
+if __name__ == "__main__":  # python -m batchclient.testing stub ...
+    from ._stub_cli import main
+
+    main()

@@ -1,0 +1,327 @@
+"""Endpoints, their (endpoint, model) lanes, and the dispatcher that hands out request slots.
+
+- A **lane** is one (endpoint, model): its own adaptive concurrency limit (peer lesson 6:
+  limits are per endpoint and model, not per API key) and counters.
+- An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
+  pause. All lanes of an endpoint share its pause and its health.
+- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
+  (fewest in flight relative to its limit; an endpoint with rpm/tpm room first; the endpoint of
+  the previous failed attempt last). With no free slot the attempt queues (first come, first
+  served per model) and is handed a slot directly when one frees up, a pause ends or an ejected
+  endpoint returns.
+- **Pause**: a 429/503 with ``Retry-After`` stops *new* dispatches to that endpoint until then
+  (peer lesson 2, inspect_ai #5137); when it ends, each lane restarts at half its limit and
+  regains one slot per success until it is back at its limit (a gradual restart, not a burst).
+- **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
+  52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
+  more failure ejects it again. If every endpoint is out, attempts fail fast with
+  :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
+  A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
+  may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._adaptive import AdaptiveLimit, AdaptiveSettings
+from ._http import Pool
+from ._rates import RateLimits
+
+__all__ = ["Dispatcher", "Endpoint", "EndpointUnavailable", "Lane", "LaneStats"]
+
+
+class EndpointUnavailable(Exception):
+    """Every endpoint is ejected; ``wait_s`` is when the first one returns."""
+
+    def __init__(self, message: str, wait_s: float):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+@dataclass
+class LaneStats:
+    """What one (endpoint, model) lane has seen. ``concurrency_limit`` is its current limit;
+    ``throttled`` counts 429/503/529 answers (each one signal: no hidden retries, lesson 5);
+    ``cuts`` how often the limit was cut."""
+
+    url: str
+    model: str
+    concurrency_limit: int
+    in_flight: int
+    sent: int
+    succeeded: int
+    throttled: int
+    failed: int
+    cuts: int
+    ejected: bool
+    paused_s: float
+    output_tokens_estimate: float
+
+
+@dataclass(eq=False)
+class Lane:
+    endpoint: Endpoint
+    model: str
+    control: AdaptiveLimit
+    in_use: int = 0
+    ramp: float = math.inf  # after a pause: the slots allowed while restarting
+    sent: int = 0
+    succeeded: int = 0
+    throttled: int = 0
+    failed: int = 0
+
+    def free(self) -> int:
+        limit = self.control.limit
+        if self.ramp < limit:
+            limit = int(self.ramp)
+        return limit - self.in_use
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One replica. ``base_url`` ends in ``/v1``."""
+
+    base_url: str
+    pool: Pool
+    rates: RateLimits
+    settings: AdaptiveSettings
+    adaptive: bool
+    path: str = ""
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    paused_until: float = 0.0
+    failures: int = 0  # consecutive
+    ejected_until: float = 0.0
+    ejections: int = 0
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        from urllib.parse import urlsplit
+
+        self.path = urlsplit(self.base_url).path.rstrip("/")
+
+    def lane(self, model: str) -> Lane:
+        lane = self.lanes.get(model)
+        if lane is None:
+            control = AdaptiveLimit(self.settings, self.adaptive)
+            lane = self.lanes[model] = Lane(self, model, control)
+        return lane
+
+
+Waiter = tuple["Endpoint | None", "asyncio.Future[Lane]"]
+
+
+class Dispatcher:
+    """Hands out lane slots across endpoints (see the module docstring)."""
+
+    def __init__(self, endpoints: list[Endpoint], *, eject_after: int, eject_s: float) -> None:
+        self.endpoints = endpoints
+        self.eject_after = eject_after
+        self.eject_s = eject_s
+        self._waiters: dict[str, deque[Waiter]] = {}
+
+    # ------------------------------------------------------------------ choosing a lane
+
+    def _pick(self, model: str, avoid: Endpoint | None, cost: float) -> Lane | None:
+        now = time.monotonic()
+        best: Lane | None = None
+        best_score: tuple[bool, bool, float] | None = None
+        for ep in self.endpoints:
+            if ep.ejected_until > now or ep.paused_until > now:
+                continue
+            lane = ep.lane(model)
+            free = lane.free()
+            if free <= 0:
+                continue
+            if len(self.endpoints) == 1:
+                return lane
+            rates = ep.rates
+            score = (
+                ep is avoid,
+                rates.active and not rates.has_capacity(cost),
+                lane.in_use / max(lane.control.limit, 1),
+            )
+            if best_score is None or score < best_score:
+                best, best_score = lane, score
+        return best
+
+    def try_acquire(
+        self, model: str, avoid: Endpoint | None = None, cost: float = 0.0
+    ) -> Lane | None:
+        if self._waiters.get(model):  # first come, first served
+            return None
+        lane = self._pick(model, avoid, cost)
+        if lane is not None:
+            lane.in_use += 1
+        return lane
+
+    async def acquire(self, model: str, avoid: Endpoint | None = None, cost: float = 0.0) -> Lane:
+        """A slot on a lane for ``model`` (``lane.in_use`` already counts it); waits while
+        every usable lane is full or paused. Raises :class:`EndpointUnavailable` when every
+        endpoint is ejected."""
+        lane = self.try_acquire(model, avoid, cost)
+        if lane is not None:
+            return lane
+        self._check_available()
+        fut: asyncio.Future[Lane] = asyncio.get_running_loop().create_future()
+        queue = self._waiters.setdefault(model, deque())
+        entry: Waiter = (avoid, fut)
+        queue.append(entry)
+        self._grant(model)
+        try:
+            return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result())  # granted as we were cancelled: give it back
+            else:
+                with contextlib.suppress(ValueError):  # already handed on
+                    queue.remove(entry)
+            raise
+
+    def _check_available(self) -> None:
+        now = time.monotonic()
+        back = [ep.ejected_until for ep in self.endpoints]
+        if all(t > now for t in back):
+            detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
+            raise EndpointUnavailable(
+                f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
+            )
+
+    def release(self, lane: Lane) -> None:
+        lane.in_use -= 1
+        self._grant(lane.model)
+
+    def _grant(self, model: str) -> None:
+        queue = self._waiters.get(model)
+        while queue:
+            avoid, fut = queue[0]
+            if fut.done():
+                queue.popleft()
+                continue
+            lane = self._pick(model, avoid, 0.0)
+            if lane is None:
+                return
+            queue.popleft()
+            lane.in_use += 1
+            fut.set_result(lane)
+
+    def _grant_all(self) -> None:
+        for model in list(self._waiters):
+            self._grant(model)
+
+    def waiting(self, model: str) -> int:
+        queue = self._waiters.get(model)
+        return len(queue) if queue else 0
+
+    # ------------------------------------------------------------------ outcomes
+
+    def on_success(self, lane: Lane, sent_at: float) -> None:
+        ep = lane.endpoint
+        ep.failures = 0
+        lane.succeeded += 1
+        saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
+        lane.control.on_success(sent_at, saturated)
+        if lane.ramp != math.inf:
+            lane.ramp += 1
+            if lane.ramp >= lane.control.limit:
+                lane.ramp = math.inf
+
+    def on_throttle(self, lane: Lane, sent_at: float, retry_after_s: float | None) -> None:
+        lane.throttled += 1
+        lane.control.on_throttle(sent_at)
+        if retry_after_s is not None and retry_after_s > 0:
+            self.pause(lane.endpoint, time.monotonic() + retry_after_s)
+
+    def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
+        """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
+        ep = lane.endpoint
+        lane.failed += 1
+        ep.failures += 1
+        ep.last_error = message
+        if ep.failures < self.eject_after or ep.ejected_until > time.monotonic():
+            return
+        others_in = any(e is not ep and e.ejected_until <= time.monotonic() for e in self.endpoints)
+        if connection or others_in:
+            self.eject(ep)
+
+    def pause(self, ep: Endpoint, until: float) -> None:
+        if until <= ep.paused_until:
+            return
+        ep.paused_until = until
+        loop = asyncio.get_running_loop()
+        loop.call_later(until - time.monotonic(), self._pause_ended, ep, until)
+
+    def _pause_ended(self, ep: Endpoint, until: float) -> None:
+        if ep.paused_until != until:  # extended meanwhile: a later timer ends it
+            return
+        for lane in ep.lanes.values():
+            lane.ramp = max(lane.control.settings.minimum, math.ceil(lane.control.limit / 2))
+        self._grant_all()
+
+    def eject(self, ep: Endpoint) -> None:
+        ep.ejected_until = time.monotonic() + self.eject_s
+        ep.ejections += 1
+        ep.failures = self.eject_after - 1  # on probation when it returns
+        asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
+        now = time.monotonic()
+        if all(e.ejected_until > now for e in self.endpoints):
+            # nobody can serve the queued attempts now: fail them so they back off and retry
+            for queue in self._waiters.values():
+                while queue:
+                    _, fut = queue.popleft()
+                    if not fut.done():
+                        try:
+                            self._check_available()
+                        except EndpointUnavailable as exc:
+                            fut.set_exception(exc)
+        else:
+            self._grant_all()
+
+    # ------------------------------------------------------------------ reporting
+
+    def stats(self) -> list[LaneStats]:
+        now = time.monotonic()
+        return [
+            LaneStats(
+                url=ep.base_url,
+                model=lane.model,
+                concurrency_limit=lane.control.limit,
+                in_flight=lane.in_use,
+                sent=lane.sent,
+                succeeded=lane.succeeded,
+                throttled=lane.throttled,
+                failed=lane.failed,
+                cuts=lane.control.cuts,
+                ejected=ep.ejected_until > now,
+                paused_s=max(0.0, ep.paused_until - now),
+                output_tokens_estimate=ep.rates.output_tokens_estimate,
+            )
+            for ep in self.endpoints
+            for lane in ep.lanes.values()
+        ]
+
+    def concurrency_limit(self) -> int:
+        """The sum of the current limits of the endpoints that are in (for progress reports)."""
+        now = time.monotonic()
+        total = 0
+        for ep in self.endpoints:
+            if ep.ejected_until > now:
+                continue
+            if ep.lanes:
+                total += sum(lane.control.limit for lane in ep.lanes.values())
+            else:
+                total += AdaptiveLimit(ep.settings, ep.adaptive).limit
+        return total
+
+    def close(self) -> None:
+        for ep in self.endpoints:
+            ep.pool.close()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"url": ep.base_url, "ejections": ep.ejections} for ep in self.endpoints]
