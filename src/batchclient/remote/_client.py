@@ -10,6 +10,7 @@ in :mod:`._retry`. The per-request timeout starts when the request is sent, afte
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class RemoteBatchInference(BaseBatchClient):
         eject_after: consecutive connection failures or 5xx answers that take an endpoint out
             (default 3); eject_s: for how many seconds (default 10).
         headers: extra HTTP headers for every request.
+        ssl_context: TLS settings for ``https://`` endpoints (default: the system's CAs).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
 
@@ -117,6 +119,7 @@ class RemoteBatchInference(BaseBatchClient):
         eject_after: int = 3,
         eject_s: float = 10.0,
         headers: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         check_model: bool = True,
     ) -> None:
         super().__init__()
@@ -152,6 +155,7 @@ class RemoteBatchInference(BaseBatchClient):
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._ssl_context = ssl_context
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
         self._dispatcher = self._build_dispatcher()  # validates the settings now
@@ -171,7 +175,7 @@ class RemoteBatchInference(BaseBatchClient):
                     decrease_factor=self.decrease_factor,
                     cooldown_s=self.cooldown_s,
                 )
-                pool = Pool(spec.url, self._headers)
+                pool = Pool(spec.url, self._headers, ssl_context=self._ssl_context)
             except ValueError as exc:
                 raise ConfigurationError(f"{spec.url}: {exc}") from None
             rates = RateLimits(
@@ -246,6 +250,7 @@ class RemoteBatchInference(BaseBatchClient):
     ) -> ChatResult:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
+        told_when = _told_when(first)  # the server said when to retry: pauses do not hold it
         attempts = 1
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
@@ -260,9 +265,10 @@ class RemoteBatchInference(BaseBatchClient):
                         raise replay.pop()
                     attempts += 1
                     try:
-                        result = await self._attempt(model, body, data, avoid)
+                        result = await self._attempt(model, body, data, avoid, told_when)
                     except RetryableFailure as again:
                         avoid = again.endpoint or avoid
+                        told_when = _told_when(again)
                         raise
                     result.attempts = attempts
                     return result
@@ -272,14 +278,19 @@ class RemoteBatchInference(BaseBatchClient):
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
     async def _attempt(
-        self, model: str, body: dict[str, Any], data: bytes, avoid: Endpoint | None
+        self,
+        model: str,
+        body: dict[str, Any],
+        data: bytes,
+        avoid: Endpoint | None,
+        past_pause: bool = False,
     ) -> ChatResult:
         """Send once. Returns the final result, or raises ``RetryableFailure``."""
         dispatcher = self._dispatcher
-        lane = dispatcher.try_acquire(model, avoid)
+        lane = dispatcher.try_acquire(model, avoid, past_pause)
         if lane is None:
             try:
-                lane = await dispatcher.acquire(model, avoid)
+                lane = await dispatcher.acquire(model, avoid, past_pause)
             except EndpointUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
                 raise RetryableFailure(result, min(exc.wait_s, self.retry_after_cap_s)) from None
@@ -343,6 +354,11 @@ class RemoteBatchInference(BaseBatchClient):
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
+
+
+def _told_when(failure: RetryableFailure) -> bool:
+    """Whether the server itself said when to retry (a throttle with ``Retry-After``)."""
+    return failure.retry_after_s is not None and failure.result.status_code in THROTTLE_STATUS
 
 
 def _parse_success(status: int, raw: bytes) -> ChatResult:

@@ -12,6 +12,9 @@
 - **Pause**: a 429/503 with ``Retry-After`` stops *new* dispatches to that endpoint until then
   (peer lesson 2, inspect_ai #5137); when it ends, each lane restarts at half its limit and
   regains one slot per success until it is back at its limit (a gradual restart, not a burst).
+  A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
+  (it does what the server asked; otherwise a server that throttles every first call would
+  serialise the batch into one pause after another), and is served before new requests.
 - **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
   52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
   more failure ejects it again. If every endpoint is out, attempts fail fast with
@@ -115,6 +118,7 @@ class Endpoint:
 
 
 Waiter = tuple["Endpoint | None", "asyncio.Future[Lane]"]
+_NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their Retry-After
 
 
 class Dispatcher:
@@ -124,16 +128,18 @@ class Dispatcher:
         self.endpoints = endpoints
         self.eject_after = eject_after
         self.eject_s = eject_s
-        self._waiters: dict[str, deque[Waiter]] = {}
+        self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
 
     # ------------------------------------------------------------------ choosing a lane
 
-    def _pick(self, model: str, avoid: Endpoint | None, cost: float) -> Lane | None:
+    def _pick(
+        self, model: str, avoid: Endpoint | None, cost: float, past_pause: bool = False
+    ) -> Lane | None:
         now = time.monotonic()
         best: Lane | None = None
         best_score: tuple[bool, bool, float] | None = None
         for ep in self.endpoints:
-            if ep.ejected_until > now or ep.paused_until > now:
+            if ep.ejected_until > now or (ep.paused_until > now and not past_pause):
                 continue
             lane = ep.lane(model)
             free = lane.free()
@@ -152,25 +158,30 @@ class Dispatcher:
         return best
 
     def try_acquire(
-        self, model: str, avoid: Endpoint | None = None, cost: float = 0.0
+        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
     ) -> Lane | None:
-        if self._waiters.get(model):  # first come, first served
-            return None
-        lane = self._pick(model, avoid, cost)
+        if self._waiters.get((model, _RETRY)) or (
+            not past_pause and self._waiters.get((model, _NEW))
+        ):
+            return None  # first come, first served
+        lane = self._pick(model, avoid, 0.0, past_pause)
         if lane is not None:
             lane.in_use += 1
         return lane
 
-    async def acquire(self, model: str, avoid: Endpoint | None = None, cost: float = 0.0) -> Lane:
+    async def acquire(
+        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
+    ) -> Lane:
         """A slot on a lane for ``model`` (``lane.in_use`` already counts it); waits while
-        every usable lane is full or paused. Raises :class:`EndpointUnavailable` when every
-        endpoint is ejected."""
-        lane = self.try_acquire(model, avoid, cost)
+        every usable lane is full or paused (``past_pause``: the caller already waited the
+        ``Retry-After`` it was given, so pauses do not hold it). Raises
+        :class:`EndpointUnavailable` when every endpoint is ejected."""
+        lane = self.try_acquire(model, avoid, past_pause)
         if lane is not None:
             return lane
         self._check_available()
         fut: asyncio.Future[Lane] = asyncio.get_running_loop().create_future()
-        queue = self._waiters.setdefault(model, deque())
+        queue = self._waiters.setdefault((model, _RETRY if past_pause else _NEW), deque())
         entry: Waiter = (avoid, fut)
         queue.append(entry)
         self._grant(model)
@@ -198,26 +209,26 @@ class Dispatcher:
         self._grant(lane.model)
 
     def _grant(self, model: str) -> None:
-        queue = self._waiters.get(model)
-        while queue:
-            avoid, fut = queue[0]
-            if fut.done():
+        for kind in (_RETRY, _NEW):
+            queue = self._waiters.get((model, kind))
+            while queue:
+                avoid, fut = queue[0]
+                if fut.done():
+                    queue.popleft()
+                    continue
+                lane = self._pick(model, avoid, 0.0, past_pause=kind == _RETRY)
+                if lane is None:
+                    break
                 queue.popleft()
-                continue
-            lane = self._pick(model, avoid, 0.0)
-            if lane is None:
-                return
-            queue.popleft()
-            lane.in_use += 1
-            fut.set_result(lane)
+                lane.in_use += 1
+                fut.set_result(lane)
 
     def _grant_all(self) -> None:
-        for model in list(self._waiters):
+        for model in {model for model, _ in self._waiters}:
             self._grant(model)
 
     def waiting(self, model: str) -> int:
-        queue = self._waiters.get(model)
-        return len(queue) if queue else 0
+        return sum(len(self._waiters.get((model, kind)) or ()) for kind in (_NEW, _RETRY))
 
     # ------------------------------------------------------------------ outcomes
 

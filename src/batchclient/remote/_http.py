@@ -198,17 +198,25 @@ class Pool:
         headers: sent with every request (``Host``, ``Content-Length`` and ``Connection`` are
             added here).
         connect_timeout: seconds to open a connection (part of the request's own timeout too).
+        ssl_context: for ``https://``; default ``ssl.create_default_context()`` (system CAs).
     """
 
-    def __init__(self, url: str, headers: dict[str, str], *, connect_timeout: float = 30.0):
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        *,
+        connect_timeout: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if parts.scheme == "https" else None
-        )
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl = ssl_context or ssl.create_default_context()
         default_port = (parts.scheme == "https" and self.port == 443) or self.port == 80
         host_header = self.host if default_port else f"{self.host}:{self.port}"
         if ":" in self.host and not default_port:  # IPv6 literal
