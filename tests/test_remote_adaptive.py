@@ -73,6 +73,24 @@ def test_one_cut_per_cooldown_and_none_for_requests_sent_before_the_cut() -> Non
     assert c.limit == 25
 
 
+def test_between_cuts_a_throttle_caps_the_limit_at_what_was_in_flight_beside_it() -> None:
+    c, clock = controller(initial=30, cooldown_s=1.0)
+    clock.t = 10.0
+    assert c.on_throttle(sent_at=9.0, in_flight_beside=29)  # a cut: 30 * 0.8
+    assert c.limit == 24
+    for _ in range(30):
+        c.on_success(sent_at=10.1, saturated=True)
+    assert c.limit == 25
+    clock.t = 10.5  # inside the cool-down: no cut, but no more than the server just held
+    assert not c.on_throttle(sent_at=10.2, in_flight_beside=23)
+    assert c.limit == 23
+    assert not c.on_throttle(sent_at=10.3, in_flight_beside=20)  # same burst: ignored
+    assert c.limit == 23
+    clock.t = 10.6
+    assert not c.on_throttle(sent_at=10.55, in_flight_beside=30)  # never raises it
+    assert c.limit == 23
+
+
 def test_bounds_are_never_crossed() -> None:
     c, clock = controller(initial=3, minimum=2, maximum=5, cooldown_s=0.0)
     for _ in range(100):

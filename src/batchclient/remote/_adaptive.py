@@ -21,6 +21,12 @@ An AIMD controller (additive increase, multiplicative decrease: TCP congestion c
   steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
   limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
   and it grows back as soon as requests succeed (peer lesson 3).
+- **Cap** between cuts: a throttle *without* ``Retry-After`` inside the cool-down still caps the
+  limit at the requests that were in flight beside it (what the server just showed it can
+  hold), once per burst. Otherwise the slot of a request refused at once is refilled at once
+  and refused again: against a server that answers 429 in a millisecond, a limit one above
+  its capacity turned into hundreds of 429s per second until the next cut. A throttle *with*
+  ``Retry-After`` is handled by pausing the endpoint instead (``_endpoints``).
 - **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
 
 The controller is a plain object with an injectable clock so its rules are tested without
@@ -72,6 +78,7 @@ class AdaptiveLimit:
     value: float = field(init=False)
     slow_start: bool = field(init=False, default=True)
     last_cut: float = field(init=False, default=-math.inf)
+    last_adjust: float = field(init=False, default=-math.inf)
     last_throttle: float = field(init=False, default=-math.inf)
     cuts: int = field(init=False, default=0)
 
@@ -98,19 +105,25 @@ class AdaptiveLimit:
         self.value = min(self.value, float(s.maximum))
         return self.limit > before
 
-    def on_throttle(self, sent_at: float) -> bool:
+    def on_throttle(self, sent_at: float, in_flight_beside: int | None = None) -> bool:
         """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
         limit was cut (at most once per cool-down, and not for requests sent before the last
-        cut)."""
+        change). ``in_flight_beside``: the other requests in flight when the answer came, for
+        the cap between cuts (None: no cap, e.g. the endpoint is being paused instead)."""
         now = self.clock()
         self.last_throttle = now
         if not self.enabled:
             return False
         self.slow_start = False
-        if sent_at < self.last_cut or now - self.last_cut < self.settings.cooldown_s:
+        if sent_at < self.last_adjust:  # the same burst as the last change
             return False
         s = self.settings
+        if now - self.last_cut < s.cooldown_s:
+            if in_flight_beside is not None and in_flight_beside < self.limit:
+                self.value = float(max(s.minimum, in_flight_beside))
+                self.last_adjust = now
+            return False
         self.value = max(float(s.minimum), self.value * s.decrease_factor)
-        self.last_cut = now
+        self.last_cut = self.last_adjust = now
         self.cuts += 1
         return True

@@ -245,9 +245,11 @@ class Dispatcher:
 
     def on_throttle(self, lane: Lane, sent_at: float, retry_after_s: float | None) -> None:
         lane.throttled += 1
-        lane.control.on_throttle(sent_at)
         if retry_after_s is not None and retry_after_s > 0:
+            lane.control.on_throttle(sent_at)
             self.pause(lane.endpoint, time.monotonic() + retry_after_s)
+        else:
+            lane.control.on_throttle(sent_at, in_flight_beside=lane.in_use - 1)
 
     def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
         """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
