@@ -26,7 +26,7 @@ from .errors import (
     ModelNotFoundError,
 )
 from .protocol import BatchInference
-from .remote import RemoteBatchInference
+from .remote import RemoteBatchInference, RemoteEndpoint
 from .types import (
     BatchChatCompletionResponse,
     BatchItemError,
@@ -90,6 +90,7 @@ __all__ = [
     "MetricInResponse",
     "ModelNotFoundError",
     "RemoteBatchInference",
+    "RemoteEndpoint",
     "ResponseFormat",
     "SamplingParams",
     "StopReason",
