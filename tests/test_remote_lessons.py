@@ -327,7 +327,7 @@ async def test_lesson10_timeouts_count_from_dispatch_not_from_queueing() -> None
 # ---------------------------------------------------------------------------- lesson 20
 
 
-async def test_lesson20_a_dead_endpoint_does_not_fail_the_batch() -> None:
+async def test_lesson20_a_dead_endpoint_is_ejected_and_later_batches_avoid_it() -> None:
     stubs = [StubServer(latency_s=0.02).start() for _ in range(3)]
     try:
         async with RemoteBatchInference(
@@ -339,6 +339,7 @@ async def test_lesson20_a_dead_endpoint_does_not_fail_the_batch() -> None:
                 )
                 await anyio.sleep(0.4)
                 await anyio.to_thread.run_sync(stubs[0].kill)
+            sent_to_dead = lane(client, stubs[0].url).sent
             results = await client.batch_chat_completion(
                 "smollm2", [convo(f"m{i}") for i in range(100)]
             )
@@ -348,6 +349,7 @@ async def test_lesson20_a_dead_endpoint_does_not_fail_the_batch() -> None:
             s.stop()
     assert all(r.error is None for r in results.batch)
     assert dead.ejected
+    assert dead.sent == sent_to_dead  # not one attempt at the dead endpoint afterwards
     assert stubs[1].stats.by_status[200] + stubs[2].stats.by_status[200] >= 400
 
 

@@ -31,7 +31,6 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from ._adaptive import AdaptiveLimit, AdaptiveSettings
 from ._http import Pool
@@ -196,13 +195,19 @@ class Dispatcher:
             raise
 
     def _check_available(self) -> None:
+        problem = self._unavailable()
+        if problem is not None:
+            raise problem
+
+    def _unavailable(self) -> EndpointUnavailable | None:
         now = time.monotonic()
         back = [ep.ejected_until for ep in self.endpoints]
-        if all(t > now for t in back):
-            detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
-            raise EndpointUnavailable(
-                f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
-            )
+        if not all(t > now for t in back):
+            return None
+        detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
+        return EndpointUnavailable(
+            f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
+        )
 
     def release(self, lane: Lane) -> None:
         lane.in_use -= 1
@@ -282,19 +287,16 @@ class Dispatcher:
         ep.ejections += 1
         ep.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
-        now = time.monotonic()
-        if all(e.ejected_until > now for e in self.endpoints):
-            # nobody can serve the queued attempts now: fail them so they back off and retry
-            for queue in self._waiters.values():
-                while queue:
-                    _, fut = queue.popleft()
-                    if not fut.done():
-                        try:
-                            self._check_available()
-                        except EndpointUnavailable as exc:
-                            fut.set_exception(exc)
-        else:
+        problem = self._unavailable()
+        if problem is None:
             self._grant_all()
+            return
+        # nobody can serve the queued attempts now: fail them so they back off and retry
+        for queue in self._waiters.values():
+            while queue:
+                _, fut = queue.popleft()
+                if not fut.done():
+                    fut.set_exception(problem)
 
     # ------------------------------------------------------------------ reporting
 
@@ -335,6 +337,3 @@ class Dispatcher:
     def close(self) -> None:
         for ep in self.endpoints:
             ep.pool.close()
-
-    def describe(self) -> list[dict[str, Any]]:
-        return [{"url": ep.base_url, "ejections": ep.ejections} for ep in self.endpoints]
