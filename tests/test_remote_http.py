@@ -209,6 +209,28 @@ async def test_https_with_a_given_ssl_context(tmp_path: Path) -> None:
         trusting.close()
 
 
+async def test_ipv6_literal_host() -> None:
+    got: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(ok(b"{}"))
+        await writer.drain()
+        writer.close()
+
+    try:
+        server = await asyncio.start_server(handle, "::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        pool = Pool(f"http://[::1]:{port}/v1", {})
+        resp = await pool.request("GET", "/v1/models", timeout=5)
+        pool.close()
+    assert resp.status == 200
+    assert f"Host: [::1]:{port}".encode() in got[0]
+
+
 def test_only_http_urls() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Pool("ftp://example.com/v1", {})

@@ -217,10 +217,9 @@ class Pool:
         self.ssl: ssl.SSLContext | None = None
         if parts.scheme == "https":
             self.ssl = ssl_context or ssl.create_default_context()
-        default_port = (parts.scheme == "https" and self.port == 443) or self.port == 80
-        host_header = self.host if default_port else f"{self.host}:{self.port}"
-        if ":" in self.host and not default_port:  # IPv6 literal
-            host_header = f"[{self.host}]:{self.port}"
+        default_port = self.port == (443 if parts.scheme == "https" else 80)
+        name = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        host_header = name if default_port else f"{name}:{self.port}"
         lines = [f"Host: {host_header}", "Connection: keep-alive", "Accept-Encoding: gzip"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         self._fixed = ("\r\n".join(lines) + "\r\n").encode("latin-1")
