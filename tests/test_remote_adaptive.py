@@ -91,6 +91,44 @@ def test_between_cuts_a_throttle_caps_the_limit_at_what_was_in_flight_beside_it(
     assert c.limit == 23
 
 
+def test_growth_probes_the_capacity_ceiling_one_step_per_cooldown() -> None:
+    c, clock = controller(initial=30, cooldown_s=1.0)
+    clock.t = 10.0
+    c.on_throttle(sent_at=9.0, in_flight_beside=24)  # the server held 24
+    assert (c.limit, c.ceiling) == (24, 24)
+    clock.t = 10.2
+    for _ in range(100):  # a whole cool-down's successes: no step above the ceiling yet
+        c.on_success(sent_at=10.1, saturated=True)
+    assert c.limit == 24
+    clock.t = 11.1
+    c.on_success(sent_at=11.0, saturated=True)  # the probe: one step
+    assert c.limit == 25
+    for _ in range(100):
+        c.on_success(sent_at=11.0, saturated=True)
+    assert c.limit == 25
+    clock.t = 11.2
+    assert not c.on_throttle(sent_at=11.15, in_flight_beside=24)  # probe refused: cap, no cut
+    assert (c.limit, c.cuts) == (24, 1)
+    # a server that grew: two probes hold, the ceiling is forgotten and growth is additive again
+    for t in (12.3, 13.4):
+        clock.t = t
+        for _ in range(50):
+            c.on_success(sent_at=t, saturated=True)
+    assert c.limit >= 26 and c.ceiling is None
+    for _ in range(60):
+        c.on_success(sent_at=13.4, saturated=True)
+    assert c.limit >= 28
+
+
+def test_an_unexpected_throttle_below_the_ceiling_cuts() -> None:
+    c, clock = controller(initial=30, cooldown_s=1.0)
+    clock.t = 10.0
+    c.on_throttle(sent_at=9.0, in_flight_beside=24)
+    clock.t = 12.0  # capacity shrank (another client): a throttle at 24 with 11 beside
+    assert c.on_throttle(sent_at=11.0, in_flight_beside=11)
+    assert c.limit == 11 and c.cuts == 2
+
+
 def test_bounds_are_never_crossed() -> None:
     c, clock = controller(initial=3, minimum=2, maximum=5, cooldown_s=0.0)
     for _ in range(100):

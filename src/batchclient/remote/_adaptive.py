@@ -21,12 +21,14 @@ An AIMD controller (additive increase, multiplicative decrease: TCP congestion c
   steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
   limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
   and it grows back as soon as requests succeed (peer lesson 3).
-- **Cap** between cuts: a throttle *without* ``Retry-After`` inside the cool-down still caps the
-  limit at the requests that were in flight beside it (what the server just showed it can
-  hold), once per burst. Otherwise the slot of a request refused at once is refilled at once
-  and refused again: against a server that answers 429 in a millisecond, a limit one above
-  its capacity turned into hundreds of 429s per second until the next cut. A throttle *with*
-  ``Retry-After`` is handled by pausing the endpoint instead (``_endpoints``).
+- **Capacity ceiling**: a throttle *without* ``Retry-After`` also tells how many requests the
+  server held: the others in flight when it came. The limit never stays above that (else the
+  slot of a request refused in a millisecond is refilled at once and refused again: one above
+  capacity became hundreds of 429s per second until the next cut), and it becomes a ceiling
+  that growth crosses one step per cool-down (a probe, like TCP CUBIC's plateau near its last
+  maximum). A refused probe only caps the limit again (no multiplicative cut); two probes that
+  hold mean the server grew, and the ceiling is forgotten. A throttle *with* ``Retry-After`` is
+  a rate limit: the endpoint is paused (``_endpoints``) and the ceiling dropped.
 - **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
 
 The controller is a plain object with an injectable clock so its rules are tested without
@@ -80,6 +82,8 @@ class AdaptiveLimit:
     last_cut: float = field(init=False, default=-math.inf)
     last_adjust: float = field(init=False, default=-math.inf)
     last_throttle: float = field(init=False, default=-math.inf)
+    last_probe: float = field(init=False, default=-math.inf)
+    ceiling: int | None = field(init=False, default=None)
     cuts: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -99,17 +103,33 @@ class AdaptiveLimit:
         before = self.limit
         s = self.settings
         if self.slow_start:
-            self.value += 1.0
+            grown = self.value + 1.0
         else:
-            self.value += max(1.0, s.increase_ratio * self.value) / max(self.value, 1.0)
-        self.value = min(self.value, float(s.maximum))
+            grown = self.value + max(1.0, s.increase_ratio * self.value) / max(self.value, 1.0)
+        ceiling = self.ceiling
+        if ceiling is not None and grown >= ceiling + 1:
+            # above the capacity the server last showed: one probe step per cool-down
+            now = self.clock()
+            if now - self.last_probe < s.cooldown_s:
+                return False
+            self.last_probe = now
+            grown = float(max(self.limit, ceiling) + 1)
+            if grown >= ceiling + 2:  # two probes held: the server has grown, forget it
+                self.ceiling = None
+        self.value = min(grown, float(s.maximum))
         return self.limit > before
 
     def on_throttle(self, sent_at: float, in_flight_beside: int | None = None) -> bool:
         """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
-        limit was cut (at most once per cool-down, and not for requests sent before the last
-        change). ``in_flight_beside``: the other requests in flight when the answer came, for
-        the cap between cuts (None: no cap, e.g. the endpoint is being paused instead)."""
+        limit was cut multiplicatively (at most once per cool-down).
+
+        ``in_flight_beside``: the other requests in flight when the answer came (None for a
+        throttle with ``Retry-After``, which pauses the endpoint instead). It is the capacity
+        the server just showed: the limit never stays above it, and it becomes the ceiling
+        that growth probes one step per cool-down. A throttle of a probe above that ceiling
+        only caps the limit again; any other throttle cuts it by ``decrease_factor`` once per
+        cool-down. Answers of requests sent before the last change are ignored (one burst,
+        one signal)."""
         now = self.clock()
         self.last_throttle = now
         if not self.enabled:
@@ -118,12 +138,23 @@ class AdaptiveLimit:
         if sent_at < self.last_adjust:  # the same burst as the last change
             return False
         s = self.settings
-        if now - self.last_cut < s.cooldown_s:
-            if in_flight_beside is not None and in_flight_beside < self.limit:
-                self.value = float(max(s.minimum, in_flight_beside))
-                self.last_adjust = now
+        cooled = now - self.last_cut >= s.cooldown_s
+        if in_flight_beside is None:
+            if not cooled:
+                return False
+            self.ceiling = None  # a rate limit, not a capacity
+            self.value = max(float(s.minimum), self.value * s.decrease_factor)
+            self.last_cut = self.last_adjust = now
+            self.cuts += 1
+            return True
+        cap = float(max(s.minimum, in_flight_beside))
+        probing = self.ceiling is not None and self.limit > self.ceiling
+        self.ceiling = int(cap)
+        self.last_adjust = self.last_probe = now  # the next probe one cool-down from now
+        if probing or not cooled:
+            self.value = min(self.value, cap)
             return False
-        self.value = max(float(s.minimum), self.value * s.decrease_factor)
-        self.last_cut = self.last_adjust = now
+        self.value = max(float(s.minimum), min(self.value * s.decrease_factor, cap))
+        self.last_cut = now
         self.cuts += 1
         return True
