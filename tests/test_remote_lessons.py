@@ -12,7 +12,13 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import BatchFailedError, BatchProgress, RemoteBatchInference, SamplingParams
+from batchclient import (
+    BatchFailedError,
+    BatchProgress,
+    RemoteBatchInference,
+    RemoteEndpoint,
+    SamplingParams,
+)
 from batchclient import _stub as stub_module  # the stub's text and Retry-After helpers
 from batchclient.testing import Fault, StubReply, StubServer
 
@@ -391,6 +397,27 @@ async def test_lesson20_all_endpoints_down_gives_clear_errors_fast() -> None:
         assert item.error is not None
         assert item.error.code in ("connection_error", "endpoint_unavailable")
         assert "127.0.0.1" in item.error.message
+
+
+async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
+    """A small replica (at most 2 in flight) beside a large one (6): each gets at most its own
+    limit and a share of the work in proportion; a per-endpoint rpm holds for its endpoint."""
+    with StubServer(latency_s=0.05) as small, StubServer(latency_s=0.05) as large:
+        endpoints = [RemoteEndpoint(small.url, max_concurrency=2), large.url]
+        async with RemoteBatchInference(endpoints, max_concurrency=6, adaptive=False) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", [convo(f"n{i}") for i in range(160)]
+            )
+        assert all(r.error is None for r in result.batch)
+        assert (small.stats.max_in_flight, large.stats.max_in_flight) == (2, 6)
+        assert 25 <= small.stats.requests <= 55  # about 2/8 of 160
+        with StubServer() as limited:
+            endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]
+            async with RemoteBatchInference(endpoints, rate_period_s=1.0) as client:
+                started = time.monotonic()
+                await client.batch_chat_completion("smollm2", [convo(f"r{i}") for i in range(60)])
+                elapsed = time.monotonic() - started
+        assert limited.stats.requests <= 5 + 5 * elapsed + 1  # its own bucket, never more
 
 
 async def test_a_retry_after_a_connection_error_prefers_another_endpoint() -> None:

@@ -5,10 +5,10 @@
 - An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
   pause. All lanes of an endpoint share its pause and its health.
 - The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
-  (fewest in flight relative to its limit; an endpoint with rpm/tpm room first; the endpoint of
-  the previous failed attempt last). With no free slot the attempt queues (first come, first
-  served per model) and is handed a slot directly when one frees up, a pause ends or an ejected
-  endpoint returns.
+  (fewest in flight relative to its limit; only endpoints with rpm/tpm room while any has some;
+  the endpoint of the previous failed attempt last). With no free slot the attempt queues
+  (first come, first served per model) and is handed a slot directly when one frees up, a pause
+  ends or an ejected endpoint returns.
 - **Pause**: a 429/503 with ``Retry-After`` stops *new* dispatches to that endpoint until then
   (peer lesson 2, inspect_ai #5137); when it ends, each lane restarts at half its limit and
   regains one slot per success until it is back at its limit (a gradual restart, not a burst).
@@ -131,27 +131,30 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ choosing a lane
 
-    def _pick(
-        self, model: str, avoid: Endpoint | None, cost: float, past_pause: bool = False
-    ) -> Lane | None:
+    def _pick(self, model: str, avoid: Endpoint | None, past_pause: bool = False) -> Lane | None:
+        """The least-loaded lane with a free slot, or None. While some usable endpoint has
+        rpm/tpm room, endpoints without it are skipped (better to wait for a slot there than to
+        hold one here waiting for the bucket); the endpoint to avoid comes last."""
         now = time.monotonic()
-        best: Lane | None = None
-        best_score: tuple[bool, bool, float] | None = None
-        for ep in self.endpoints:
+        if len(self.endpoints) == 1:  # the common case, kept cheap
+            ep = self.endpoints[0]
             if ep.ejected_until > now or (ep.paused_until > now and not past_pause):
-                continue
+                return None
             lane = ep.lane(model)
-            free = lane.free()
-            if free <= 0:
+            return lane if lane.free() > 0 else None
+        usable = [
+            ep
+            for ep in self.endpoints
+            if ep.ejected_until <= now and (ep.paused_until <= now or past_pause)
+        ]
+        with_room = [ep for ep in usable if not ep.rates.active or ep.rates.has_capacity(0.0)]
+        best: Lane | None = None
+        best_score: tuple[bool, float] | None = None
+        for ep in with_room or usable:
+            lane = ep.lane(model)
+            if lane.free() <= 0:
                 continue
-            if len(self.endpoints) == 1:
-                return lane
-            rates = ep.rates
-            score = (
-                ep is avoid,
-                rates.active and not rates.has_capacity(cost),
-                lane.in_use / max(lane.control.limit, 1),
-            )
+            score = (ep is avoid, lane.in_use / max(lane.control.limit, 1))
             if best_score is None or score < best_score:
                 best, best_score = lane, score
         return best
@@ -163,7 +166,7 @@ class Dispatcher:
             not past_pause and self._waiters.get((model, _NEW))
         ):
             return None  # first come, first served
-        lane = self._pick(model, avoid, 0.0, past_pause)
+        lane = self._pick(model, avoid, past_pause)
         if lane is not None:
             lane.in_use += 1
         return lane
@@ -221,7 +224,7 @@ class Dispatcher:
                 if fut.done():
                     queue.popleft()
                     continue
-                lane = self._pick(model, avoid, 0.0, past_pause=kind == _RETRY)
+                lane = self._pick(model, avoid, past_pause=kind == _RETRY)
                 if lane is None:
                     break
                 queue.popleft()
