@@ -55,7 +55,12 @@ def _burst(spec: str) -> Fault:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batchclient.testing")
     sub = parser.add_subparsers(dest="command", required=True)
-    stub = sub.add_parser("stub", help="run the fault-injecting stub server")
+    stub = sub.add_parser(
+        "stub",
+        help="run the fault-injecting stub server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     stub.add_argument("--port", type=int, default=0)
     stub.add_argument("--latency", type=float, default=0.0)
     stub.add_argument("--jitter", type=float, default=0.0)
