@@ -75,9 +75,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
-        if args.cpu < (os.cpu_count() or 1):  # on a one-core machine there is nothing to pin
-            os.sched_setaffinity(0, {args.cpu})
+    # pin only to a core that exists (on a one-core machine there is nothing to pin)
+    if (
+        args.cpu is not None
+        and hasattr(os, "sched_setaffinity")
+        and args.cpu < (os.cpu_count() or 1)
+    ):
+        os.sched_setaffinity(0, {args.cpu})
     if args.uvloop:
         import uvloop
 
