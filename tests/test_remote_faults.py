@@ -216,7 +216,8 @@ async def test_progress_reports_counts_and_tokens() -> None:
     final = seen[-1]
     assert (final.total, final.completed, final.failed) == (3, 2, 1)
     assert final.completion_tokens == 4 + 2  # "echo: a b c" and "echo: d", one token per word
-    assert final.concurrency_limit == 64
+    # adaptive by default: three requests never fill the starting limit, so it stays there
+    assert final.concurrency_limit == 16
 
 
 async def test_unknown_model_is_a_whole_call_error() -> None:

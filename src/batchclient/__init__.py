@@ -30,7 +30,7 @@ from .errors import (
     ModelNotFoundError,
 )
 from .protocol import BatchInference
-from .remote import RemoteBatchInference
+from .remote import RemoteBatchInference, RemoteEndpoint
 from .types import (
     BatchChatCompletionResponse,
     BatchItemError,
@@ -100,6 +100,7 @@ __all__ = [
     "MetricInResponse",
     "ModelNotFoundError",
     "RemoteBatchInference",
+    "RemoteEndpoint",
     "ResponseFormat",
     "SamplingParams",
     "StopReason",

@@ -17,8 +17,11 @@ on another core, or an endpoint to kill).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -51,15 +54,23 @@ class Fault:
     """A rule: requests whose message text contains ``match`` (every request if None) get
     ``reply`` on attempts ``first_attempt``..``last_attempt`` (1-based, per distinct request
     body; None = every attempt). ``retry_after`` adds a ``Retry-After`` header: a number of
-    seconds, or ``"date:<seconds>"`` for an HTTP date that many seconds ahead."""
+    seconds, or ``"date:<seconds>"`` for an HTTP date that many seconds ahead. ``after_s`` /
+    ``until_s`` restrict the rule to requests arriving in that window, in seconds since the
+    server started (a 5xx burst: ``Fault(StubReply(status=503), after_s=2, until_s=3)``)."""
 
     reply: StubReply
     match: str | None = None
     first_attempt: int = 1
     last_attempt: int | None = None
     retry_after: str | None = None
+    after_s: float | None = None
+    until_s: float | None = None
 
-    def applies(self, text: str, attempt: int) -> bool:
+    def applies(self, text: str, attempt: int, elapsed_s: float = 0.0) -> bool:
+        if self.after_s is not None and elapsed_s < self.after_s:
+            return False
+        if self.until_s is not None and elapsed_s >= self.until_s:
+            return False
         if self.match is not None and self.match not in text:
             return False
         if attempt < self.first_attempt:
@@ -78,6 +89,15 @@ class StubStats:
     by_status: Counter[int] = field(default_factory=Counter)
     arrivals: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The counters as JSON-ready data (served at ``GET /stats``)."""
+        return {
+            "requests": self.requests,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+        }
 
 
 Handler = Callable[[dict[str, Any], int], StubReply | None]
@@ -179,6 +199,8 @@ class StubServer:
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
         self._stopped: asyncio.Event | None = None
+        self._killed = False
+        self._started = time.monotonic()
         self.port = 0
 
     @property
@@ -191,7 +213,11 @@ class StubServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stats", self._stats)
         return app
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.summary())
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "owned_by": "stub"} for m in self.models]
@@ -203,8 +229,9 @@ class StubServer:
             if reply is not None:
                 return reply
         text = _text_of(body)
+        elapsed = time.monotonic() - self._started
         for fault in self.faults:
-            if fault.applies(text, attempt):
+            if fault.applies(text, attempt, elapsed):
                 reply = StubReply(
                     status=fault.reply.status,
                     body=fault.reply.body,
@@ -333,7 +360,11 @@ class StubServer:
         # handler_cancellation: a request whose client hung up is cancelled, so ``in_flight``
         # shows whether clients really close their connections.
         self._runner = web.AppRunner(
-            self._app(), access_log=None, handle_signals=False, handler_cancellation=True
+            self._app(),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=2.0,  # stop() must not wait a minute for slow in-flight answers
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self._port, backlog=4096)
@@ -342,8 +373,18 @@ class StubServer:
         sockets = getattr(server, "sockets", None)
         assert sockets, "the stub's listening socket is missing"
         self.port = int(sockets[0].getsockname()[1])
+        self._started = time.monotonic()
         self._ready.set()
         await self._stopped.wait()
+        if self._killed:
+            # A dead server: stop listening and drop every open connection at once (RST), so
+            # clients see connection errors mid-request instead of a graceful close.
+            if server is not None:
+                server.close()
+            for handler in list(self._runner.server.connections if self._runner.server else ()):
+                transport = handler.transport
+                if transport is not None:
+                    _abort(transport)
         await self._runner.cleanup()
 
     def stop(self) -> None:
@@ -354,13 +395,25 @@ class StubServer:
             self._thread.join(15)
             self._thread = None
 
-    kill = stop
+    def kill(self) -> None:
+        """Die like a crashed server: the port stops listening and every open connection
+        (idle keep-alive ones and those mid-request) is reset without an answer."""
+        self._killed = True
+        self.stop()
 
     def __enter__(self) -> StubServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _abort(transport: asyncio.Transport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:  # SO_LINGER 0: close with RST, as the kernel does for a killed process
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _retry_after_value(spec: str) -> str:

@@ -7,7 +7,9 @@ Sections:
   plain context manager.
 - **Fault-injecting stub server** (:class:`StubServer`, :class:`Fault`, :class:`StubReply`): an
   OpenAI-compatible loopback server with latency, capacity, ``Retry-After``, 5xx bursts,
-  connection resets and malformed bodies on demand (defined in ``batchclient._stub``).
+  connection resets and malformed bodies on demand (defined in ``batchclient._stub``), in a
+  background thread or as its own process (:class:`StubProcess`,
+  ``python -m batchclient.testing stub --help``).
 - **Counting proxy** (:class:`CountingProxy`): forwards to a real server and counts each request
   it forwards, to tell what was sent twice (defined in ``batchclient._proxy``).
 """
@@ -30,12 +32,14 @@ from typing import Any
 
 from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
+from ._stub_cli import StubProcess
 from .errors import EndpointError
 from .models import resolve_model
 
 __all__ = [
     "CountingProxy",
     "Fault",
+    "StubProcess",
     "StubReply",
     "StubServer",
     "StubStats",
@@ -274,3 +278,9 @@ def _last_exception_line(text: str) -> str | None:
         if ":" in line and head.endswith(("Error", "Exception")) and " " not in head:
             return line.strip()[:300]
     return None
+
+
+if __name__ == "__main__":  # python -m batchclient.testing stub ...
+    from ._stub_cli import main
+
+    main()

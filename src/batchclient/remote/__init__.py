@@ -1,5 +1,10 @@
-"""The remote fan-out provider: any OpenAI-compatible ``/v1/chat/completions`` endpoint."""
+"""The remote fan-out provider: OpenAI-compatible ``/v1/chat/completions`` endpoints.
 
-from ._client import RemoteBatchInference
+``docs/remote.md`` explains the knobs and algorithms (adaptive concurrency, Retry-After pauses,
+rpm/tpm, many endpoints, the HTTP path).
+"""
 
-__all__ = ["RemoteBatchInference"]
+from ._client import RemoteBatchInference, RemoteEndpoint
+from ._endpoints import LaneStats
+
+__all__ = ["LaneStats", "RemoteBatchInference", "RemoteEndpoint"]

@@ -1,64 +1,128 @@
-"""``RemoteBatchInference``: concurrency-limited fan-out to an OpenAI-compatible endpoint.
+"""``RemoteBatchInference``: fan-out to one or more OpenAI-compatible endpoints.
 
-One ``POST {base_url}/chat/completions`` per conversation, at most ``max_concurrency`` in flight
-as a sliding window (a slow request holds one slot, never a chunk), retried by the policy in
-:mod:`._retry`. HTTP goes through one ``aiohttp`` session with lean JSON handling: the openai
-SDK's per-request cost caps a client at a few hundred requests/s on one core (GUIDE.md), and its
-hidden retries would hide throttling from our own policy. ``docs/design.md`` says more.
+One ``POST {base_url}/chat/completions`` per conversation. Each attempt takes a slot on the
+least-loaded usable (endpoint, model) lane (:mod:`._endpoints`), whose limit adapts to
+throttling (:mod:`._adaptive`), waits for the endpoint's rpm/tpm buckets (:mod:`._rates`), and
+is sent over a lean keep-alive HTTP/1.1 pool (:mod:`._http`); failures are retried by the policy
+in :mod:`._retry`. The per-request timeout starts when the request is sent, after every queue
+(peer lesson 10). ``docs/remote.md`` explains every knob and algorithm.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import ssl
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-import anyio
+import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from .._client import BaseBatchClient
 from .._wire import ChatRequest, ChatResult, failed, http_error
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
-from ._retry import RETRYABLE_STATUS, RetryableFailure, RetryWait, parse_retry_after
+from ._adaptive import AdaptiveSettings
+from ._endpoints import Dispatcher, Endpoint, EndpointUnavailable, Lane, LaneStats
+from ._http import HttpError, HttpTimeout, Pool
+from ._rates import RateLimits
+from ._retry import (
+    EJECTING_STATUS,
+    RETRYABLE_STATUS,
+    THROTTLE_STATUS,
+    RetryableFailure,
+    RetryWait,
+    parse_retry_after,
+)
 
-__all__ = ["RemoteBatchInference"]
+__all__ = ["RemoteBatchInference", "RemoteEndpoint"]
+
+
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """One replica with its own limits; a plain URL string in ``base_url`` means "the client's
+    defaults". ``url`` is the API root ending in ``/v1``; ``max_concurrency`` (requests in
+    flight per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override
+    the client's values for this endpoint; None keeps them."""
+
+    url: str
+    max_concurrency: int | None = None
+    rpm: float | None = None
+    tpm: float | None = None
 
 
 class RemoteBatchInference(BaseBatchClient):
-    """Batch inference against an OpenAI-compatible ``/v1/chat/completions`` endpoint (a vLLM
-    server, OpenAI, a llama.cpp server, ...). Use as ``async with``.
+    """Batch inference against OpenAI-compatible ``/v1/chat/completions`` endpoints (vLLM
+    servers, OpenAI, llama.cpp servers, ...). Use as ``async with``.
 
     Args:
-        base_url: the API root, ending in ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``).
+        base_url: the API root ending in ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``), or a list
+            of replicas serving the same models (URLs or :class:`RemoteEndpoint`). Each request
+            goes to the least-loaded healthy one.
         api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
-        max_concurrency: requests in flight at once (default 64).
-        max_retries: retries after the first attempt for transient failures (connect errors,
-            timeouts, 408/409/429/5xx); default 4. 400/401/403/404/422 are never retried.
-        timeout: seconds one attempt may take, counted from when it is sent (never from when
-            it was queued); default 600.
+        max_concurrency: the most requests in flight per endpoint and model (default 64).
+        adaptive: adapt the in-flight limit to throttling (default True): start at
+            ``initial_concurrency``, grow while requests succeed, cut on 429/503/529, within
+            ``[min_concurrency, max_concurrency]``. False: a fixed limit of ``max_concurrency``.
+        initial_concurrency: the adaptive limit's start (default ``min(16, max_concurrency)``).
+        min_concurrency: the adaptive limit's floor (default 1).
+        decrease_factor: the limit is multiplied by this on a throttle (default 0.8).
+        increase_ratio: growth per round trip after the first throttle, as a fraction of the
+            limit, at least one request (default 0.05).
+        cooldown_s: seconds between two cuts of the limit (default 1.0; never the server's
+            ``Retry-After``).
+        rpm, tpm: requests / tokens per minute per endpoint (default None: no limit); shared by
+            every call and job on this client. Token costs are estimated before sending and
+            settled with the real ``usage``.
+        rate_period_s: the period of ``rpm``/``tpm`` in seconds (default 60).
+        initial_output_tokens: the output-size estimate for ``tpm`` before any answer, for
+            requests without ``max_tokens`` (default 256 tokens; then learned).
+        max_retries: retries after the first attempt for transient failures (connection
+            errors, timeouts, 408/409/429/5xx; default 4). 400/401/403/404/422 are never retried.
+        timeout: seconds one attempt may take, counted from when it is sent (never from when it
+            was queued); default 600.
         retry_after_cap_s: the longest ``Retry-After`` honoured, in seconds (default 60).
-        backoff_initial_s, backoff_max_s: exponential backoff without ``Retry-After``.
+        backoff_initial_s, backoff_max_s: exponential backoff (with jitter) without
+            ``Retry-After`` (defaults 0.5 s doubling up to 30 s).
+        eject_after: consecutive connection failures or 5xx answers that take an endpoint out
+            (default 3); eject_s: for how many seconds (default 10).
         headers: extra HTTP headers for every request.
+        ssl_context: TLS settings for ``https://`` endpoints (default: the system's CAs).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR`` or
             the user data directory); jobs there resume with a client on the same ``base_url``.
+
+    Raises:
+        ConfigurationError: a bad argument (e.g. ``min_concurrency > max_concurrency``).
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | RemoteEndpoint | Sequence[str | RemoteEndpoint],
         api_key: str | None = None,
         *,
         max_concurrency: int = 64,
+        adaptive: bool = True,
+        initial_concurrency: int | None = None,
+        min_concurrency: int = 1,
+        decrease_factor: float = 0.8,
+        increase_ratio: float = 0.05,
+        cooldown_s: float = 1.0,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        rate_period_s: float = 60.0,
+        initial_output_tokens: int = 256,
         max_retries: int = 4,
         timeout: float = 600.0,
         retry_after_cap_s: float = 60.0,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        eject_after: int = 3,
+        eject_s: float = 10.0,
         headers: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         check_model: bool = True,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -69,43 +133,87 @@ class RemoteBatchInference(BaseBatchClient):
             raise ConfigurationError("max_retries must be >= 0")
         if timeout <= 0:
             raise ConfigurationError("timeout must be > 0 seconds")
-        self.base_url = base_url.rstrip("/")
+        if eject_after < 1 or eject_s < 0:
+            raise ConfigurationError("eject_after must be >= 1 and eject_s >= 0")
+        for name, value in (("rpm", rpm), ("tpm", tpm), ("rate_period_s", rate_period_s)):
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"{name} must be > 0")
+        urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
+        if not urls:
+            raise ConfigurationError("base_url: give at least one endpoint")
+        self.endpoints = [u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls]
+        self.base_url = self.endpoints[0].url.rstrip("/")
         self.max_concurrency = max_concurrency
+        self.adaptive = adaptive
         self.max_retries = max_retries
         self.timeout = timeout
         self.retry_after_cap_s = retry_after_cap_s
+        self.initial_concurrency = initial_concurrency
+        self.min_concurrency = min_concurrency
+        self.increase_ratio = increase_ratio
+        self.decrease_factor = decrease_factor
+        self.cooldown_s = cooldown_s
+        self._rate_defaults = (rpm, tpm, rate_period_s, initial_output_tokens)
+        self._eject = (eject_after, eject_s)
         self._wait = RetryWait(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._ssl_context = ssl_context
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
-        self._session: aiohttp.ClientSession | None = None
-        self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self._dispatcher = self._build_dispatcher()  # validates the settings now
+
+    def _build_dispatcher(self) -> Dispatcher:
+        rpm, tpm, period, initial_output = self._rate_defaults
+        built = []
+        for spec in self.endpoints:
+            maximum = spec.max_concurrency or self.max_concurrency
+            initial = self.initial_concurrency
+            try:
+                settings = AdaptiveSettings(
+                    initial=min(16 if initial is None else initial, maximum),
+                    minimum=min(self.min_concurrency, maximum),
+                    maximum=maximum,
+                    increase_ratio=self.increase_ratio,
+                    decrease_factor=self.decrease_factor,
+                    cooldown_s=self.cooldown_s,
+                )
+                pool = Pool(spec.url, self._headers, ssl_context=self._ssl_context)
+            except ValueError as exc:
+                raise ConfigurationError(f"{spec.url}: {exc}") from None
+            rates = RateLimits(
+                spec.rpm or rpm,
+                spec.tpm or tpm,
+                period_s=period,
+                initial_output_tokens=initial_output,
+            )
+            built.append(Endpoint(spec.url.rstrip("/"), pool, rates, settings, self.adaptive))
+        return Dispatcher(built, eject_after=self._eject[0], eject_s=self._eject[1])
 
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self) -> None:
-        # limit=0: the connector never queues; our limiter is the only queue, so the timeout
-        # of an attempt starts when it is really sent.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector, headers=self._headers, json_serialize=json.dumps
-        )
+        self._dispatcher.close()
+        self._dispatcher = self._build_dispatcher()
 
     async def _stop(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._dispatcher.close()
 
     def _window(self) -> int:
-        return self.max_concurrency
+        return sum(ep.settings.maximum for ep in self._dispatcher.endpoints)
 
     def _job_identity(self) -> dict[str, Any]:
         return {"provider": "remote", "base_url": self.base_url}
 
     def _concurrency_limit(self) -> int | None:
-        return int(self._limiter.total_tokens)
+        return self._dispatcher.concurrency_limit()
+
+    def endpoint_stats(self) -> list[LaneStats]:
+        """Per (endpoint, model): current concurrency limit, requests sent, successes,
+        throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
+        learned output-token estimate."""
+        return self._dispatcher.stats()
 
     # ------------------------------------------------------------------ model check
 
@@ -121,37 +229,54 @@ class RemoteBatchInference(BaseBatchClient):
         self._known_models[model] = True
 
     async def _list_models(self) -> set[str] | None:
-        assert self._session is not None
-        try:
-            async with self._session.get(
-                f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-        entries = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(entries, list):
-            return None
-        return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+        """The models of the first endpoint that answers ``GET /models``, else None."""
+        for ep in self._dispatcher.endpoints:
+            try:
+                resp = await ep.pool.request("GET", f"{ep.path}/models", timeout=10.0)
+                data = orjson.loads(resp.body) if resp.status == 200 else None
+            except (HttpError, HttpTimeout, ValueError):
+                continue
+            entries = data.get("data") if isinstance(data, dict) else None
+            if isinstance(entries, list):
+                return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+        return None
 
     # ------------------------------------------------------------------ one request
 
     async def _execute(self, request: ChatRequest) -> ChatResult:
+        body = request.body
+        model = str(body.get("model"))
+        data = orjson.dumps(body)
+        try:  # the fast path: one attempt, no retry machinery
+            return await self._attempt(model, body, data, None)
+        except RetryableFailure as first:
+            return await self._retry(model, body, data, first)
+
+    async def _retry(
+        self, model: str, body: dict[str, Any], data: bytes, first: RetryableFailure
+    ) -> ChatResult:
+        replay = [first]  # tenacity's first attempt re-raises the failure we already had
+        avoid = first.endpoint
+        told_when = _told_when(first)  # the server said when to retry: pauses do not hold it
+        attempts = 1
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
             retry=retry_if_exception_type(RetryableFailure),
             reraise=True,
         )
-        attempts = 0
         try:
             async for attempt in retrying:
                 with attempt:
+                    if replay:
+                        raise replay.pop()
                     attempts += 1
-                    async with self._limiter:
-                        result = await self._attempt(request.body)
+                    try:
+                        result = await self._attempt(model, body, data, avoid, told_when)
+                    except RetryableFailure as again:
+                        avoid = again.endpoint or avoid
+                        told_when = _told_when(again)
+                        raise
                     result.attempts = attempts
                     return result
         except RetryableFailure as last:
@@ -159,48 +284,95 @@ class RemoteBatchInference(BaseBatchClient):
             return last.result
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
-    async def _attempt(self, body: dict[str, Any]) -> ChatResult:
+    async def _attempt(
+        self,
+        model: str,
+        body: dict[str, Any],
+        data: bytes,
+        avoid: Endpoint | None,
+        past_pause: bool = False,
+    ) -> ChatResult:
         """Send once. Returns the final result, or raises ``RetryableFailure``."""
-        assert self._session is not None
-        started = time.perf_counter()
+        dispatcher = self._dispatcher
+        lane = dispatcher.try_acquire(model, avoid, past_pause)
+        if lane is None:
+            try:
+                lane = await dispatcher.acquire(model, avoid, past_pause)
+            except EndpointUnavailable as exc:
+                result = failed(ErrorCode.endpoint_unavailable, str(exc))
+                raise RetryableFailure(result, min(exc.wait_s, self.retry_after_cap_s)) from None
+        ep = lane.endpoint
         try:
-            async with self._session.post(
-                f"{self.base_url}/chat/completions",
-                data=json.dumps(body),
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-                retry_after = resp.headers.get("Retry-After")
-                request_id = resp.headers.get("x-request-id")
-        except TimeoutError:
-            raise RetryableFailure(
-                failed(ErrorCode.timeout, f"no answer within {self.timeout:g} s of sending")
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise RetryableFailure(
-                failed(ErrorCode.connection_error, f"{type(exc).__name__}: {exc}")
-            ) from None
-        latency = time.perf_counter() - started
+            rates = ep.rates
+            cost = 0.0
+            if rates.active:
+                cost = rates.estimate(body)
+                await rates.acquire(cost)  # before the clock starts: queueing is not sending
+            lane.sent += 1
+            sent_at = time.monotonic()
+            try:
+                resp = await ep.pool.request(
+                    "POST", ep.path + "/chat/completions", data, timeout=self.timeout
+                )
+            except HttpTimeout:
+                dispatcher.on_failure(lane, "timeout", connection=False)
+                msg = f"no answer within {self.timeout:g} s of sending"
+                raise RetryableFailure(failed(ErrorCode.timeout, msg), endpoint=ep) from None
+            except HttpError as exc:
+                dispatcher.on_failure(lane, str(exc), connection=True)
+                result = failed(ErrorCode.connection_error, f"{ep.base_url}: {exc}")
+                raise RetryableFailure(result, endpoint=ep) from None
+            return self._outcome(lane, resp.status, resp.headers, resp.body, sent_at, cost)
+        finally:
+            dispatcher.release(lane)
+
+    def _outcome(
+        self,
+        lane: Lane,
+        status: int,
+        headers: dict[str, str],
+        raw: bytes,
+        sent_at: float,
+        cost: float,
+    ) -> ChatResult:
+        latency = time.monotonic() - sent_at
+        request_id = headers.get("x-request-id")
+        dispatcher = self._dispatcher
         if 200 <= status < 300:
             result = _parse_success(status, raw)
+            if result.error is None:
+                dispatcher.on_success(lane, sent_at)
+                rates = lane.endpoint.rates
+                if rates.active or result.body:
+                    rates.settle(cost, (result.body or {}).get("usage"))
             result.latency_s = latency
             result.request_id = request_id
             return result
         result = http_error(status, raw)
         result.latency_s = latency
         result.request_id = request_id
-        if status in RETRYABLE_STATUS:
-            wait = parse_retry_after(retry_after, cap_s=self.retry_after_cap_s)
+        if status in THROTTLE_STATUS:
+            wait = parse_retry_after(headers.get("retry-after"), cap_s=self.retry_after_cap_s)
+            dispatcher.on_throttle(lane, sent_at, wait)
             raise RetryableFailure(result, wait)
+        if status in EJECTING_STATUS:
+            dispatcher.on_failure(lane, f"HTTP {status}", connection=False)
+            raise RetryableFailure(result, endpoint=lane.endpoint)
+        if status in RETRYABLE_STATUS:
+            raise RetryableFailure(result)
         return result
+
+
+def _told_when(failure: RetryableFailure) -> bool:
+    """Whether the server itself said when to retry (a throttle with ``Retry-After``)."""
+    return failure.retry_after_s is not None and failure.result.status_code in THROTTLE_STATUS
 
 
 def _parse_success(status: int, raw: bytes) -> ChatResult:
     """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` (never an empty
     success: peer lesson 14, case C14)."""
     try:
-        body = json.loads(raw)
+        body = orjson.loads(raw)
     except ValueError:
         return _bad_upstream(status, f"answer is not JSON: {raw[:200]!r}")
     if not isinstance(body, dict):

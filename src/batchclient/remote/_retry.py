@@ -5,7 +5,10 @@
 - Never retried: every other 4xx (400 context too long, 401, 403, 404 model not found, 422):
   they fail on the first attempt with their status (peer lesson 4).
 - Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_cap_s``)
-  plus up to 10 % jitter when given; otherwise exponential backoff with jitter.
+  plus up to 10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
+  ``wait_exponential_jitter``). The endpoint is paused for the same time (``_endpoints``).
+- The first attempt runs outside tenacity (one ``AsyncRetrying`` per request costs about as much
+  as the HTTP call on an instant server); only a request that failed once enters it.
 - Attempts are bounded (``max_retries`` retries after the first try); a request that runs out
   reports its last failure (a 429 stays ``rate_limited`` with status 429, case C13).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
@@ -23,16 +26,26 @@ if TYPE_CHECKING:
     from .._wire import ChatResult
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
+# Throttles: they cut the adaptive concurrency limit (and pause the endpoint when they carry
+# Retry-After). 429 is a rate limit whatever its body says (peer lesson 1); 503 and 529 are how
+# servers say "overloaded" (vLLM, Anthropic).
+THROTTLE_STATUS = frozenset({429, 503, 529})
+# Server failures: repeated ones eject the endpoint (its requests go to the other replicas).
+EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})
 
 
 class RetryableFailure(Exception):
     """One failed attempt that may be retried: carries the result to report if it is the last,
-    and the server's ``Retry-After`` in seconds (already capped), if any."""
+    the server's ``Retry-After`` in seconds (already capped), if any, and the endpoint that
+    failed, which the retry avoids when another is available."""
 
-    def __init__(self, result: ChatResult, retry_after_s: float | None = None):
+    def __init__(
+        self, result: ChatResult, retry_after_s: float | None = None, *, endpoint: Any = None
+    ):
         super().__init__(result.error.message if result.error else "retryable failure")
         self.result = result
         self.retry_after_s = retry_after_s
+        self.endpoint = endpoint
 
 
 def parse_retry_after(value: str | None, *, cap_s: float, now: float | None = None) -> float | None:

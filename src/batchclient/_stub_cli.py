@@ -1,0 +1,191 @@
+"""The stub server as its own process: ``python -m batchclient.testing stub [options]``.
+
+Benchmarks need the stub on another core than the client (and an endpoint they can really
+kill), so the stub runs as a child process; :class:`StubProcess` starts one and stops it.
+The process prints one line ``READY http://127.0.0.1:PORT/v1`` once it listens, and serves
+``GET /stats`` (JSON counters: requests, max_in_flight, by_status).
+
+Options (seconds for times):
+  --port P                  TCP port on 127.0.0.1 (0 = any free one; the READY line tells)
+  --latency S, --jitter S   time to answer each request (+ uniform jitter)
+  --capacity N              answer 429 to requests arriving while N are in flight
+  --capacity-retry-after V  Retry-After on those 429s: seconds, or ``date:S`` (an HTTP date)
+  --burst STATUS:START:DURATION[:RETRY_AFTER]
+                            answer STATUS to every request arriving in that window (repeatable)
+  --fast                    the lean asyncio responder (latency and capacity only; for the
+                            client-headroom benchmark, where aiohttp.web would be the bottleneck)
+  --cpu N                   pin the process to CPU core N
+  --uvloop                  run on uvloop (the stub is not what is measured)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from ._stub import Fault, StubReply, StubServer
+
+__all__ = ["StubProcess", "main"]
+
+
+def _burst(spec: str) -> Fault:
+    parts = spec.split(":")
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError("--burst is STATUS:START:DURATION[:RETRY_AFTER]")
+    status, start, duration = int(parts[0]), float(parts[1]), float(parts[2])
+    return Fault(
+        StubReply(status=status, body={"error": {"message": f"burst {status}"}}),
+        after_s=start,
+        until_s=start + duration,
+        retry_after=parts[3] if len(parts) == 4 else None,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m batchclient.testing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stub = sub.add_parser(
+        "stub",
+        help="run the fault-injecting stub server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    stub.add_argument("--port", type=int, default=0)
+    stub.add_argument("--latency", type=float, default=0.0)
+    stub.add_argument("--jitter", type=float, default=0.0)
+    stub.add_argument("--capacity", type=int, default=None)
+    stub.add_argument("--capacity-retry-after", default=None)
+    stub.add_argument("--burst", type=_burst, action="append", default=[])
+    stub.add_argument("--fast", action="store_true")
+    stub.add_argument("--cpu", type=int, default=None)
+    stub.add_argument("--uvloop", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    # pin only to a core that exists (on a one-core machine there is nothing to pin)
+    if (
+        args.cpu is not None
+        and hasattr(os, "sched_setaffinity")
+        and args.cpu < (os.cpu_count() or 1)
+    ):
+        os.sched_setaffinity(0, {args.cpu})
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    if args.fast:
+        if args.burst or args.jitter:
+            raise SystemExit("--fast supports only --latency and --capacity")
+        asyncio.run(_run_fast(args, done))
+        return
+    server = StubServer(
+        latency_s=args.latency,
+        jitter_s=args.jitter,
+        capacity=args.capacity,
+        capacity_retry_after=args.capacity_retry_after,
+        faults=list(args.burst),
+        port=args.port,
+    )
+    with server:
+        print(f"READY {server.url}", flush=True)
+        done.wait()
+
+
+async def _run_fast(args: argparse.Namespace, done: threading.Event) -> None:
+    from ._stub_fast import FastStub, serve_fast
+
+    stub = FastStub(
+        latency_s=args.latency,
+        capacity=args.capacity,
+        capacity_retry_after=args.capacity_retry_after,
+    )
+    server = await serve_fast(stub, "127.0.0.1", args.port)
+    port = server.sockets[0].getsockname()[1]
+    print(f"READY http://127.0.0.1:{port}/v1", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, done.wait)
+    server.close()
+
+
+class StubProcess:
+    """The stub in a child process (``python -m batchclient.testing stub ...``), as a context
+    manager. ``args`` are the command-line options above, e.g.
+    ``StubProcess("--fast", "--cpu", "1")``. ``url`` is the base URL ending in ``/v1``;
+    ``kill()`` SIGKILLs it (the kernel resets its open connections, like a crashed server);
+    ``stats()`` fetches its counters; leaving the block stops it."""
+
+    def __init__(self, *args: str, startup_timeout: float = 20.0) -> None:
+        self.args = args
+        self.startup_timeout = startup_timeout
+        self.url = ""
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> StubProcess:
+        cmd = [sys.executable, "-m", "batchclient.testing", "stub", *self.args]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        timer = threading.Timer(self.startup_timeout, self.kill)
+        timer.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if not line.startswith("READY "):
+            self.kill()
+            raise RuntimeError(f"stub process did not start: {line!r}")
+        self.url = line.split()[1]
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        """The stub's counters (``GET /stats``)."""
+        root = self.url.removesuffix("/v1")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{root}/stats", timeout=10) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+        return data
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
+
+    def __enter__(self) -> StubProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

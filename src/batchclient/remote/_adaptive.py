@@ -1,0 +1,160 @@
+"""Adaptive concurrency: how many requests one (endpoint, model) may have in flight.
+
+An AIMD controller (additive increase, multiplicative decrease: TCP congestion control, RFC
+5681, as used by the best-behaved eval tools):
+
+- **Start** at ``initial`` and *slow-start*: each success that finds the limit in use adds 1
+  (the limit doubles per round trip) until the first throttle. Source: inspect_ai adaptive
+  connections (PR #3820: "doubles aggressively during slow-start until the first rate-limit
+  episode"), TCP slow start.
+- **Grow** after that by ``max(1, increase_ratio * limit)`` per round trip (spread over the
+  successes of one round: each adds that divided by the limit). inspect_ai: +5 % per round;
+  promptfoo grows x1.5 after 5 successes, which overshoots more. Only successes of requests sent
+  *after* the last throttle count (a success that was already in flight says nothing about the
+  new limit), and only while the limit is actually used (no growth while the batch is smaller
+  than the limit).
+- **Cut** on a throttle (HTTP 429, 503, 529) to ``limit * decrease_factor`` (inspect_ai: x0.8;
+  promptfoo x0.5; mlflow AIMD on rate), at most once per ``cooldown_s`` and only for requests
+  sent after the previous cut (the other answers of the same burst report the same overload).
+  The cool-down is our own constant and never the server's ``Retry-After``: inspect_ai #5137 /
+  PR #5138 froze its controller by extending the cool-down with each ``Retry-After``, so a
+  steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
+  limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
+  and it grows back as soon as requests succeed (peer lesson 3).
+- **Capacity ceiling**: a throttle *without* ``Retry-After`` also tells how many requests the
+  server held: the others in flight when it came. The limit never stays above that (else the
+  slot of a request refused in a millisecond is refilled at once and refused again: one above
+  capacity became hundreds of 429s per second until the next cut), and it becomes a ceiling
+  that growth crosses one step per cool-down (a probe, like TCP CUBIC's plateau near its last
+  maximum). A refused probe only caps the limit again (no multiplicative cut); two probes that
+  hold mean the server grew, and the ceiling is forgotten. A throttle *with* ``Retry-After`` is
+  a rate limit: the endpoint is paused (``_endpoints``) and the ceiling dropped.
+- **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
+
+The controller is a plain object with an injectable clock so its rules are tested without
+sleeping; the lane in :mod:`._endpoints` applies its integer ``limit``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["AdaptiveLimit", "AdaptiveSettings"]
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """The controller's constants (see the module docstring for their sources).
+
+    ``initial``/``minimum``/``maximum``: requests in flight. ``increase_ratio``: growth per
+    round trip as a fraction of the limit (at least 1 request). ``decrease_factor``: the limit
+    is multiplied by this on a throttle. ``cooldown_s``: seconds between two cuts.
+    """
+
+    initial: int = 16
+    minimum: int = 1
+    maximum: int = 64
+    increase_ratio: float = 0.05
+    decrease_factor: float = 0.8
+    cooldown_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError("need 1 <= min_concurrency <= max_concurrency")
+        if not 0 < self.decrease_factor < 1:
+            raise ValueError("decrease_factor must be between 0 and 1")
+        if self.increase_ratio < 0 or self.cooldown_s < 0:
+            raise ValueError("increase_ratio and cooldown_s must be >= 0")
+
+
+@dataclass
+class AdaptiveLimit:
+    """The AIMD state of one (endpoint, model). ``enabled=False`` pins it at ``maximum``."""
+
+    settings: AdaptiveSettings
+    enabled: bool = True
+    clock: Callable[[], float] = time.monotonic
+    value: float = field(init=False)
+    slow_start: bool = field(init=False, default=True)
+    last_cut: float = field(init=False, default=-math.inf)
+    last_adjust: float = field(init=False, default=-math.inf)
+    last_throttle: float = field(init=False, default=-math.inf)
+    last_probe: float = field(init=False, default=-math.inf)
+    ceiling: int | None = field(init=False, default=None)
+    cuts: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        start = s.initial if self.enabled else s.maximum
+        self.value = float(min(max(start, s.minimum), s.maximum))
+
+    @property
+    def limit(self) -> int:
+        return int(self.value)
+
+    def on_success(self, sent_at: float, saturated: bool) -> bool:
+        """A request sent at ``sent_at`` (clock time) succeeded; ``saturated``: the limit was
+        fully used. Returns whether the integer limit grew."""
+        if not self.enabled or not saturated or sent_at < self.last_throttle:
+            return False
+        before = self.limit
+        s = self.settings
+        if self.slow_start:
+            grown = self.value + 1.0
+        else:
+            grown = self.value + max(1.0, s.increase_ratio * self.value) / max(self.value, 1.0)
+        ceiling = self.ceiling
+        if ceiling is not None and grown >= ceiling + 1:
+            # above the capacity the server last showed: one probe step per cool-down
+            now = self.clock()
+            if now - self.last_probe < s.cooldown_s:
+                return False
+            self.last_probe = now
+            grown = float(max(self.limit, ceiling) + 1)
+            if grown >= ceiling + 2:  # two probes held: the server has grown, forget it
+                self.ceiling = None
+        self.value = min(grown, float(s.maximum))
+        return self.limit > before
+
+    def on_throttle(self, sent_at: float, in_flight_beside: int | None = None) -> bool:
+        """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
+        limit was cut multiplicatively (at most once per cool-down).
+
+        ``in_flight_beside``: the other requests in flight when the answer came (None for a
+        throttle with ``Retry-After``, which pauses the endpoint instead). It is the capacity
+        the server just showed: the limit never stays above it, and it becomes the ceiling
+        that growth probes one step per cool-down. A throttle of a probe above that ceiling
+        only caps the limit again; any other throttle cuts it by ``decrease_factor`` once per
+        cool-down. Answers of requests sent before the last change are ignored (one burst,
+        one signal)."""
+        now = self.clock()
+        self.last_throttle = now
+        if not self.enabled:
+            return False
+        self.slow_start = False
+        if sent_at < self.last_adjust:  # the same burst as the last change
+            return False
+        s = self.settings
+        cooled = now - self.last_cut >= s.cooldown_s
+        if in_flight_beside is None:
+            if not cooled:
+                return False
+            self.ceiling = None  # a rate limit, not a capacity
+            self.value = max(float(s.minimum), self.value * s.decrease_factor)
+            self.last_cut = self.last_adjust = now
+            self.cuts += 1
+            return True
+        cap = float(max(s.minimum, in_flight_beside))
+        probing = self.ceiling is not None and self.limit > self.ceiling
+        self.ceiling = int(cap)
+        self.last_adjust = self.last_probe = now  # the next probe one cool-down from now
+        if probing or not cooled:
+            self.value = min(self.value, cap)
+            return False
+        self.value = max(float(s.minimum), min(self.value * s.decrease_factor, cap))
+        self.last_cut = now
+        self.cuts += 1
+        return True

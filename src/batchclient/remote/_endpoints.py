@@ -1,0 +1,342 @@
+"""Endpoints, their (endpoint, model) lanes, and the dispatcher that hands out request slots.
+
+- A **lane** is one (endpoint, model): its own adaptive concurrency limit (peer lesson 6:
+  limits are per endpoint and model, not per API key) and counters.
+- An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
+  pause. All lanes of an endpoint share its pause and its health.
+- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
+  (fewest in flight relative to its limit; only endpoints with rpm/tpm room while any has some;
+  the endpoint of the previous failed attempt last). With no free slot the attempt queues
+  (first come, first served per model) and is handed a slot directly when one frees up, a pause
+  ends or an ejected endpoint returns.
+- **Pause**: a 429/503 with ``Retry-After`` stops *new* dispatches to that endpoint until then
+  (peer lesson 2, inspect_ai #5137); when it ends, each lane restarts at half its limit and
+  regains one slot per success until it is back at its limit (a gradual restart, not a burst).
+  A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
+  (it does what the server asked; otherwise a server that throttles every first call would
+  serialise the batch into one pause after another), and is served before new requests.
+- **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
+  52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
+  more failure ejects it again. If every endpoint is out, attempts fail fast with
+  :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
+  A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
+  may.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ._adaptive import AdaptiveLimit, AdaptiveSettings
+from ._http import Pool
+from ._rates import RateLimits
+
+__all__ = ["Dispatcher", "Endpoint", "EndpointUnavailable", "Lane", "LaneStats"]
+
+
+class EndpointUnavailable(Exception):
+    """Every endpoint is ejected; ``wait_s`` is when the first one returns."""
+
+    def __init__(self, message: str, wait_s: float):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+@dataclass
+class LaneStats:
+    """What one (endpoint, model) lane has seen. ``concurrency_limit`` is its current limit;
+    ``throttled`` counts 429/503/529 answers (each one signal: no hidden retries, lesson 5);
+    ``cuts`` how often the limit was cut."""
+
+    url: str
+    model: str
+    concurrency_limit: int
+    in_flight: int
+    sent: int
+    succeeded: int
+    throttled: int
+    failed: int
+    cuts: int
+    ejected: bool
+    paused_s: float
+    output_tokens_estimate: float
+
+
+@dataclass(eq=False)
+class Lane:
+    endpoint: Endpoint
+    model: str
+    control: AdaptiveLimit
+    in_use: int = 0
+    ramp: float = math.inf  # after a pause: the slots allowed while restarting
+    sent: int = 0
+    succeeded: int = 0
+    throttled: int = 0
+    failed: int = 0
+
+    def free(self) -> int:
+        limit = self.control.limit
+        if self.ramp < limit:
+            limit = int(self.ramp)
+        return limit - self.in_use
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One replica. ``base_url`` ends in ``/v1``."""
+
+    base_url: str
+    pool: Pool
+    rates: RateLimits
+    settings: AdaptiveSettings
+    adaptive: bool
+    path: str = ""
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    paused_until: float = 0.0
+    failures: int = 0  # consecutive
+    ejected_until: float = 0.0
+    ejections: int = 0
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        from urllib.parse import urlsplit
+
+        self.path = urlsplit(self.base_url).path.rstrip("/")
+
+    def lane(self, model: str) -> Lane:
+        lane = self.lanes.get(model)
+        if lane is None:
+            control = AdaptiveLimit(self.settings, self.adaptive)
+            lane = self.lanes[model] = Lane(self, model, control)
+        return lane
+
+
+Waiter = tuple["Endpoint | None", "asyncio.Future[Lane]"]
+_NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their Retry-After
+
+
+class Dispatcher:
+    """Hands out lane slots across endpoints (see the module docstring)."""
+
+    def __init__(self, endpoints: list[Endpoint], *, eject_after: int, eject_s: float) -> None:
+        self.endpoints = endpoints
+        self.eject_after = eject_after
+        self.eject_s = eject_s
+        self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
+
+    # ------------------------------------------------------------------ choosing a lane
+
+    def _pick(self, model: str, avoid: Endpoint | None, past_pause: bool = False) -> Lane | None:
+        """The least-loaded lane with a free slot, or None. While some usable endpoint has
+        rpm/tpm room, endpoints without it are skipped (better to wait for a slot there than to
+        hold one here waiting for the bucket); the endpoint to avoid comes last."""
+        now = time.monotonic()
+        if len(self.endpoints) == 1:  # the common case, kept cheap
+            ep = self.endpoints[0]
+            if ep.ejected_until > now or (ep.paused_until > now and not past_pause):
+                return None
+            lane = ep.lane(model)
+            return lane if lane.free() > 0 else None
+        usable = [
+            ep
+            for ep in self.endpoints
+            if ep.ejected_until <= now and (ep.paused_until <= now or past_pause)
+        ]
+        with_room = [ep for ep in usable if not ep.rates.active or ep.rates.has_capacity(0.0)]
+        best: Lane | None = None
+        best_score: tuple[bool, float] | None = None
+        for ep in with_room or usable:
+            lane = ep.lane(model)
+            if lane.free() <= 0:
+                continue
+            score = (ep is avoid, lane.in_use / max(lane.control.limit, 1))
+            if best_score is None or score < best_score:
+                best, best_score = lane, score
+        return best
+
+    def try_acquire(
+        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
+    ) -> Lane | None:
+        if self._waiters.get((model, _RETRY)) or (
+            not past_pause and self._waiters.get((model, _NEW))
+        ):
+            return None  # first come, first served
+        lane = self._pick(model, avoid, past_pause)
+        if lane is not None:
+            lane.in_use += 1
+        return lane
+
+    async def acquire(
+        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
+    ) -> Lane:
+        """A slot on a lane for ``model`` (``lane.in_use`` already counts it); waits while
+        every usable lane is full or paused (``past_pause``: the caller already waited the
+        ``Retry-After`` it was given, so pauses do not hold it). Raises
+        :class:`EndpointUnavailable` when every endpoint is ejected."""
+        lane = self.try_acquire(model, avoid, past_pause)
+        if lane is not None:
+            return lane
+        self._check_available()
+        fut: asyncio.Future[Lane] = asyncio.get_running_loop().create_future()
+        queue = self._waiters.setdefault((model, _RETRY if past_pause else _NEW), deque())
+        entry: Waiter = (avoid, fut)
+        queue.append(entry)
+        self._grant(model)
+        try:
+            return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result())  # granted as we were cancelled: give it back
+            else:
+                with contextlib.suppress(ValueError):  # already handed on
+                    queue.remove(entry)
+            raise
+
+    def _check_available(self) -> None:
+        problem = self._unavailable()
+        if problem is not None:
+            raise problem
+
+    def _unavailable(self) -> EndpointUnavailable | None:
+        now = time.monotonic()
+        back = [ep.ejected_until for ep in self.endpoints]
+        if not all(t > now for t in back):
+            return None
+        detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
+        return EndpointUnavailable(
+            f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
+        )
+
+    def release(self, lane: Lane) -> None:
+        lane.in_use -= 1
+        self._grant(lane.model)
+
+    def _grant(self, model: str) -> None:
+        for kind in (_RETRY, _NEW):
+            queue = self._waiters.get((model, kind))
+            while queue:
+                avoid, fut = queue[0]
+                if fut.done():
+                    queue.popleft()
+                    continue
+                lane = self._pick(model, avoid, past_pause=kind == _RETRY)
+                if lane is None:
+                    break
+                queue.popleft()
+                lane.in_use += 1
+                fut.set_result(lane)
+
+    def _grant_all(self) -> None:
+        for model in {model for model, _ in self._waiters}:
+            self._grant(model)
+
+    def waiting(self, model: str) -> int:
+        return sum(len(self._waiters.get((model, kind)) or ()) for kind in (_NEW, _RETRY))
+
+    # ------------------------------------------------------------------ outcomes
+
+    def on_success(self, lane: Lane, sent_at: float) -> None:
+        ep = lane.endpoint
+        ep.failures = 0
+        lane.succeeded += 1
+        saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
+        lane.control.on_success(sent_at, saturated)
+        if lane.ramp != math.inf:
+            lane.ramp += 1
+            if lane.ramp >= lane.control.limit:
+                lane.ramp = math.inf
+
+    def on_throttle(self, lane: Lane, sent_at: float, retry_after_s: float | None) -> None:
+        lane.throttled += 1
+        if retry_after_s is not None and retry_after_s > 0:
+            lane.control.on_throttle(sent_at)
+            self.pause(lane.endpoint, time.monotonic() + retry_after_s)
+        else:
+            lane.control.on_throttle(sent_at, in_flight_beside=lane.in_use - 1)
+
+    def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
+        """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
+        ep = lane.endpoint
+        lane.failed += 1
+        ep.failures += 1
+        ep.last_error = message
+        if ep.failures < self.eject_after or ep.ejected_until > time.monotonic():
+            return
+        others_in = any(e is not ep and e.ejected_until <= time.monotonic() for e in self.endpoints)
+        if connection or others_in:
+            self.eject(ep)
+
+    def pause(self, ep: Endpoint, until: float) -> None:
+        if until <= ep.paused_until:
+            return
+        ep.paused_until = until
+        loop = asyncio.get_running_loop()
+        loop.call_later(until - time.monotonic(), self._pause_ended, ep, until)
+
+    def _pause_ended(self, ep: Endpoint, until: float) -> None:
+        if ep.paused_until != until:  # extended meanwhile: a later timer ends it
+            return
+        for lane in ep.lanes.values():
+            lane.ramp = max(lane.control.settings.minimum, math.ceil(lane.control.limit / 2))
+        self._grant_all()
+
+    def eject(self, ep: Endpoint) -> None:
+        ep.ejected_until = time.monotonic() + self.eject_s
+        ep.ejections += 1
+        ep.failures = self.eject_after - 1  # on probation when it returns
+        asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
+        problem = self._unavailable()
+        if problem is None:
+            self._grant_all()
+            return
+        # nobody can serve the queued attempts now: fail them so they back off and retry
+        for queue in self._waiters.values():
+            while queue:
+                _, fut = queue.popleft()
+                if not fut.done():
+                    fut.set_exception(problem)
+
+    # ------------------------------------------------------------------ reporting
+
+    def stats(self) -> list[LaneStats]:
+        now = time.monotonic()
+        return [
+            LaneStats(
+                url=ep.base_url,
+                model=lane.model,
+                concurrency_limit=lane.control.limit,
+                in_flight=lane.in_use,
+                sent=lane.sent,
+                succeeded=lane.succeeded,
+                throttled=lane.throttled,
+                failed=lane.failed,
+                cuts=lane.control.cuts,
+                ejected=ep.ejected_until > now,
+                paused_s=max(0.0, ep.paused_until - now),
+                output_tokens_estimate=ep.rates.output_tokens_estimate,
+            )
+            for ep in self.endpoints
+            for lane in ep.lanes.values()
+        ]
+
+    def concurrency_limit(self) -> int:
+        """The sum of the current limits of the endpoints that are in (for progress reports)."""
+        now = time.monotonic()
+        total = 0
+        for ep in self.endpoints:
+            if ep.ejected_until > now:
+                continue
+            if ep.lanes:
+                total += sum(lane.control.limit for lane in ep.lanes.values())
+            else:
+                total += AdaptiveLimit(ep.settings, ep.adaptive).limit
+        return total
+
+    def close(self) -> None:
+        for ep in self.endpoints:
+            ep.pool.close()

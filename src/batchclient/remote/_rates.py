@@ -1,0 +1,106 @@
+"""Requests-per-minute and tokens-per-minute limits of one endpoint (aiolimiter leaky buckets).
+
+- ``rpm``: each request takes 1 from a bucket of ``rpm`` per ``period_s`` (default 60 s).
+- ``tpm``: each request takes its *estimated* token cost before it is sent, and the estimate
+  is settled with the answer's real ``usage.total_tokens`` afterwards (the difference is
+  refunded or charged), the way curator does (peer lesson 9). The estimate is
+  ``prompt_chars / 4`` (OpenAI's rule of thumb for English text) plus ``max_tokens`` when the
+  request sets it (OpenAI counts ``max_tokens`` against TPM at request time too), otherwise the
+  mean ``completion_tokens`` seen so far (learned from real answers; ``initial_output_tokens``
+  before the first answer).
+- The buckets start full, as aiolimiter's do: the first ``period_s`` may use the whole budget
+  at once (a burst of ``rpm`` requests), after which capacity drips back at ``rpm / period_s``
+  per second. One request never takes more than the whole budget (a prompt larger than ``tpm``
+  is charged ``tpm``), so it cannot wait forever.
+- They live on the endpoint, so every concurrent ``batch_chat_completion`` and every job of one
+  client shares them (peer lesson 9; litellm #5783, #10875).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiolimiter import AsyncLimiter
+
+__all__ = ["RateLimits", "estimate_prompt_tokens"]
+
+
+def estimate_prompt_tokens(body: dict[str, Any]) -> int:
+    """About 4 characters per token over the text of the messages (and tool definitions)."""
+    chars = 0
+    for message in body.get("messages") or ():
+        if isinstance(message, dict):
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+            chars += 16  # role and template tokens
+    if body.get("tools"):
+        chars += len(str(body["tools"]))
+    return max(1, chars // 4)
+
+
+class RateLimits:
+    """The rpm/tpm buckets of one endpoint (either may be None) and the learned output size."""
+
+    def __init__(
+        self,
+        rpm: float | None,
+        tpm: float | None,
+        *,
+        period_s: float = 60.0,
+        initial_output_tokens: int = 256,
+    ) -> None:
+        self.requests = AsyncLimiter(rpm, period_s) if rpm else None
+        self.tokens = AsyncLimiter(tpm, period_s) if tpm else None
+        self.output_tokens_estimate = float(initial_output_tokens)
+        self._answers = 0
+
+    @property
+    def active(self) -> bool:
+        return self.requests is not None or self.tokens is not None
+
+    def estimate(self, body: dict[str, Any]) -> float:
+        """The token cost charged before sending ``body``."""
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        output = float(max_tokens) if max_tokens else self.output_tokens_estimate
+        cost = estimate_prompt_tokens(body) + output
+        return min(cost, self.tokens.max_rate) if self.tokens is not None else cost
+
+    def has_capacity(self, cost: float) -> bool:
+        if self.requests is not None and not self.requests.has_capacity(1):
+            return False
+        return self.tokens is None or self.tokens.has_capacity(cost)
+
+    async def acquire(self, cost: float) -> None:
+        """Wait until one request of ``cost`` tokens fits both buckets, and take it."""
+        if self.requests is not None:
+            await self.requests.acquire(1)
+        if self.tokens is not None:
+            await self.tokens.acquire(cost)
+
+    def settle(self, charged: float, usage: Any) -> None:
+        """Correct the token bucket with the answer's real ``usage`` and learn the output size.
+        ``charged`` is what :meth:`estimate` took for this request."""
+        if not isinstance(usage, dict):
+            return
+        completion = usage.get("completion_tokens")
+        if isinstance(completion, int | float):
+            self._answers += 1
+            # a running mean: every answer counts the same, so the estimate converges
+            self.output_tokens_estimate += (completion - self.output_tokens_estimate) / min(
+                self._answers, 1000
+            )
+        total = usage.get("total_tokens")
+        if self.tokens is not None and isinstance(total, int | float):
+            _adjust(self.tokens, float(total) - charged)
+
+
+def _adjust(limiter: AsyncLimiter, delta: float) -> None:
+    """Charge (``delta`` > 0) or refund (< 0) a leaky bucket after the fact. aiolimiter has no
+    public call for this; its level and waker are stable across 1.x (pinned >=1.1)."""
+    limiter._leak()
+    limiter._level = max(0.0, limiter._level + delta)
+    if limiter._waiters:  # re-time the next wake-up for the new level
+        limiter._wake_next()
