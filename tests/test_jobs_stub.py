@@ -23,7 +23,13 @@ from batchclient import (
 )
 from batchclient._wire import ChatRequest, ChatResult, failed
 from batchclient.testing import Fault, StubReply, StubServer
+from batchclient.types import BatchJob, JobErrorEntry
 from jobs_util import FAST, jsonl, line, until
+
+
+def entries(job: BatchJob) -> list[JobErrorEntry]:
+    """The validation errors of a job (OpenAI shape: ``errors.data``)."""
+    return job.errors.data if job.errors else []
 
 
 def client(stub: StubServer, state: Path, **kw: Any) -> RemoteBatchInference:
@@ -125,7 +131,7 @@ async def test_c01_duplicate_custom_id_fails_fast_and_runs_nothing(tmp_path: Pat
             with pytest.raises(JobStateError, match="duplicate_custom_id"):
                 await c.job_result(job.id)
     assert job.status == "failed" and job.failed_at is not None and took < 5
-    assert [(e.code, e.line, e.param) for e in job.errors or []] == [
+    assert [(e.code, e.line, e.param) for e in entries(job)] == [
         ("duplicate_custom_id", 3, "custom_id")
     ]
     assert job.output_file_id is None and job.error_file_id is None
@@ -140,7 +146,7 @@ async def test_c02_blank_lines_in_a_job(tmp_path: Path) -> None:
             job = await c.job_wait((await c.schedule_batch(record.id)).job_id)
             empty = await run_file(c, ["", "  "])
     assert job.status == "completed" and job.request_counts.total == 2
-    assert empty.status == "failed" and [e.code for e in empty.errors or []] == ["empty_file"]
+    assert empty.status == "failed" and [e.code for e in entries(empty)] == ["empty_file"]
 
 
 async def test_c03_and_c04_refused_files_list_every_bad_line(tmp_path: Path) -> None:
@@ -158,18 +164,18 @@ async def test_c03_and_c04_refused_files_list_every_bad_line(tmp_path: Path) -> 
                 ],
             )
             unknown = await run_file(c, [line("a", "x", model="no-such-model")])
-    assert [(e.code, e.line) for e in c03.errors or []] == [
+    assert [(e.code, e.line) for e in entries(c03)] == [
         ("invalid_json_line", 2),
         ("missing_required_parameter", 3),
     ]
-    assert [(e.code, e.line) for e in c04.errors or []] == [
+    assert [(e.code, e.line) for e in entries(c04)] == [
         ("mismatched_model", 2),
         ("mismatched_model", 3),
     ]
     # a single-model file naming a model the endpoint does not serve: refused, nothing runs
     assert unknown.status == "failed"
-    assert [(e.code, e.param) for e in unknown.errors or []] == [("model_not_found", "body.model")]
-    assert "no-such-model" in (unknown.errors or [])[0].message
+    assert [(e.code, e.param) for e in entries(unknown)] == [("model_not_found", "body.model")]
+    assert "no-such-model" in entries(unknown)[0].message
     assert stub.stats.requests == 0
 
 
@@ -202,7 +208,7 @@ async def test_c06_unsupported_fields_reach_the_error_file_and_the_result(tmp_pa
     assert errors[0]["response"]["body"]["error"]["param"] == "logit_bias"
     err = result.batch[1].error
     assert err is not None and (err.code, err.param) == ("unsupported_parameter", "logit_bias")
-    assert [(e.code, e.param) for e in streamed.errors or []] == [
+    assert [(e.code, e.param) for e in entries(streamed)] == [
         ("streaming_unsupported", "body.stream")
     ]
     assert stub.stats.requests == 1

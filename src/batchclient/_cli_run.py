@@ -142,7 +142,7 @@ def run_command(args: argparse.Namespace) -> int:
         f"{counts.total}; {usage.input_tokens} input / {usage.output_tokens} output tokens"
     )
     if job.status == "failed":
-        for error in (job.errors or [])[:20]:
+        for error in (job.errors.data if job.errors else [])[:20]:
             where = f"line {error.line}: " if error.line else ""
             param = f" ({error.param})" if error.param else ""
             print(f"  {where}{error.code}{param}: {error.message}", file=sys.stderr)

@@ -31,6 +31,7 @@ __all__ = [
     "InterleavedContent",
     "Job",
     "JobErrorEntry",
+    "JobErrors",
     "JobRequestCounts",
     "JobStatus",
     "JobUsage",
@@ -439,6 +440,13 @@ class JobErrorEntry(_Model):
     param: str | None = None
 
 
+class JobErrors(_Model):
+    """The validation errors of a refused input file (OpenAI: ``errors: {object, data}``)."""
+
+    object: Literal["list"] = "list"
+    data: list[JobErrorEntry] = Field(default_factory=list)
+
+
 class BatchJob(_Model):
     """The OpenAI Batch object (``/v1/batches``); timestamps are unix seconds."""
 
@@ -447,7 +455,7 @@ class BatchJob(_Model):
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str = "/v1/chat/completions"
-    errors: list[JobErrorEntry] | None = None
+    errors: JobErrors | None = None
     input_file_id: str
     completion_window: str = "24h"
     status: Literal[

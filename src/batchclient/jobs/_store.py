@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FileNotFoundInStoreError, JobNotFoundError
-from ..types import BatchItemError, BatchJob, FileObject, JobErrorEntry, JobRequestCounts, JobUsage
+from ..types import (
+    BatchItemError,
+    BatchJob,
+    FileObject,
+    JobErrorEntry,
+    JobErrors,
+    JobRequestCounts,
+    JobUsage,
+)
 
 DB_NAME = "batchclient.sqlite3"
 _SCHEMA = """
@@ -362,7 +370,9 @@ def _job(row: sqlite3.Row) -> BatchJob:
     return BatchJob(
         id=row["id"],
         endpoint=row["endpoint"],
-        errors=[JobErrorEntry.model_validate(e) for e in errors] if errors else None,
+        errors=(
+            JobErrors(data=[JobErrorEntry.model_validate(e) for e in errors]) if errors else None
+        ),
         input_file_id=row["input_file_id"],
         completion_window=row["completion_window"],
         status=row["status"],
