@@ -25,6 +25,7 @@ from .errors import (
     JobStateError,
     ModelNotFoundError,
 )
+from .inline import VLLMBatchInference
 from .protocol import BatchInference
 from .remote import RemoteBatchInference
 from .types import (
@@ -104,5 +105,6 @@ __all__ = [
     "TopKSamplingStrategy",
     "TopPSamplingStrategy",
     "UserMessage",
+    "VLLMBatchInference",
     "__version__",
 ]
