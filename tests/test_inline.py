@@ -336,3 +336,12 @@ async def test_unknown_engine_argument_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="no_such_knob"):
         async with VLLMBatchInference(no_such_knob=1):
             pass
+
+
+async def test_engine_start_failure_is_a_clear_endpoint_error(tmp_path: Any) -> None:
+    from batchclient import EndpointError
+
+    (tmp_path / "config.json").write_text("{}")  # a model folder vLLM cannot load
+    with pytest.raises(EndpointError, match="failed to start"):
+        async with VLLMBatchInference(str(tmp_path)):
+            pass

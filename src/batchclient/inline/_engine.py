@@ -23,6 +23,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.platforms import current_platform
 from vllm.renderers.params import ChatParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -122,6 +123,10 @@ def start(engine: Engine, args: Mapping[str, Any]) -> None:
     counts = engine.counts
     engine.llm = AsyncLLM.from_engine_args(
         AsyncEngineArgs(**args),
+        # Batch inference is offline work: take the scheduler defaults of vLLM's offline
+        # ``LLM`` class (on CPU 256 sequences / 4,096 tokens per step instead of the
+        # server's 128 / 2,048), so the engine batches as ``LLM.chat`` does.
+        usage_context=UsageContext.LLM_CLASS,
         stat_loggers=[lambda _config, _index: _CountsLogger(counts)],
     )
     engine.max_model_len = int(engine.llm.model_config.max_model_len)
