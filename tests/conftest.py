@@ -1,4 +1,5 @@
-"""Shared fixtures: the real vLLM OpenAI server, started once per test session.
+"""Shared fixtures: the real vLLM OpenAI server and the real in-process vLLM engine, each
+started once per test session.
 
 Set ``BATCHCLIENT_TEST_BASE_URL`` (e.g. ``http://127.0.0.1:8000/v1``) to run the server tests
 against a server that is already running (it must serve the bundled model as ``smollm2`` with
@@ -8,11 +9,15 @@ against a server that is already running (it must serve the bundled model as ``s
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from batchclient import VLLMBatchInference
 from batchclient.testing import vllm_server
+
+INLINE_MAX_CONCURRENCY = 48
+"""The session engine's window: small enough that tests can see it bound the engine."""
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +30,13 @@ def vllm_url() -> Iterator[str]:
         return
     with vllm_server(max_model_len=2048) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+async def inline_client() -> AsyncIterator[VLLMBatchInference]:
+    """An open ``VLLMBatchInference`` on the bundled model (``smollm2``, ``max_model_len``
+    2048, a 1 GiB KV cache so it fits next to the server), shared by the whole session."""
+    async with VLLMBatchInference(
+        max_concurrency=INLINE_MAX_CONCURRENCY, kv_cache_memory_bytes=1 << 30
+    ) as client:
+        yield client

@@ -47,6 +47,11 @@ def test_sampling_strategies_map_to_wire() -> None:
             strategy=TopKSamplingStrategy(top_k=3), repetition_penalty=1.2, stop=["\n", "END"]
         )
     ) == {"temperature": 1.0, "top_k": 3, "repetition_penalty": 1.2, "stop": ["\n", "END"]}
+    assert sampling_to_wire(SamplingParams(max_tokens=7, ignore_eos=True)) == {
+        "temperature": 0.0,
+        "max_tokens": 7,
+        "ignore_eos": True,
+    }
 
 
 def test_max_tokens_zero_is_omitted() -> None:

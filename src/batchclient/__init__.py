@@ -29,6 +29,7 @@ from .errors import (
     JobStateError,
     ModelNotFoundError,
 )
+from .inline import VLLMBatchInference
 from .protocol import BatchInference
 from .remote import RemoteBatchInference, RemoteEndpoint
 from .types import (
@@ -117,5 +118,6 @@ __all__ = [
     "TopKSamplingStrategy",
     "TopPSamplingStrategy",
     "UserMessage",
+    "VLLMBatchInference",
     "__version__",
 ]

@@ -57,7 +57,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("OPENAI_API_KEY"),
         help="remote: bearer token (default $OPENAI_API_KEY)",
     )
-    p.add_argument("--max-concurrency", type=int, default=64, help="remote: requests in flight")
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="requests in flight (remote: per endpoint, default 64; vllm: handed to the engine "
+        "at once, default 1024)",
+    )
     p.add_argument("--max-retries", type=int, default=4, help="remote: retries per request")
     p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
     p.add_argument("--model", default=None, help="vllm: model path or name (default: bundled)")
@@ -108,7 +114,7 @@ def make_client(args: argparse.Namespace) -> BaseBatchClient:
         return RemoteBatchInference(
             args.base_url,
             args.api_key,
-            max_concurrency=args.max_concurrency,
+            max_concurrency=args.max_concurrency or 64,
             max_retries=args.max_retries,
             timeout=args.timeout,
             state_dir=state_dir,
@@ -122,13 +128,10 @@ def make_client(args: argparse.Namespace) -> BaseBatchClient:
             engine_args[key] = json.loads(value)
         except ValueError:
             engine_args[key] = value
-    import batchclient
+    from .inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
 
-    cls = getattr(batchclient, "VLLMBatchInference", None)  # imported lazily: vLLM is heavy
-    if cls is None:
-        raise ConfigurationError("this install has no inline vLLM provider (VLLMBatchInference)")
-    client: BaseBatchClient = cls(model=args.model, state_dir=state_dir, **engine_args)
-    return client
+    max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
+    return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
 
 
 def run_command(args: argparse.Namespace) -> int:

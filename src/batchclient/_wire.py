@@ -202,7 +202,8 @@ def message_to_wire(message: Message) -> dict[str, Any]:
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
     """greedy -> temperature 0; top_p -> temperature + top_p; top_k -> temperature + ``top_k``
-    (an extra field vLLM servers accept); ``repetition_penalty`` likewise; ``max_tokens`` 0 ->
+    (an extra field vLLM servers accept); ``repetition_penalty`` and ``ignore_eos`` likewise
+    (sent only when not the default); ``max_tokens`` 0 ->
     omitted (the server's default, up to the context)."""
     out: dict[str, Any] = {}
     strategy = params.strategy
@@ -220,6 +221,8 @@ def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
         out["repetition_penalty"] = params.repetition_penalty
     if params.stop:
         out["stop"] = list(params.stop)
+    if params.ignore_eos:
+        out["ignore_eos"] = True
     return out
 
 

@@ -6,16 +6,23 @@ real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them
 - ``remote x64``: through ``RemoteBatchInference`` with 64 in flight;
 - ``one at a time``: the first 16 with one in flight, the "without batching" baseline;
 
+then stops the server and runs the same conversations
+
+- ``inline``: through ``VLLMBatchInference`` (the vLLM engine in this process, same model and
+  context length; run after the server has stopped so the two never share memory or cores);
+
 then prints a table (requests, output tokens, wall time, output tokens/s, speedup over one at a
 time) and writes every answer to a JSONL file whose path it prints.
 
-    python -m batchclient.demo [-n 200] [--max-tokens 128] [--concurrency 64] [--out DIR]
+    python -m batchclient.demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline]
+                               [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +33,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ._client import BaseBatchClient
 from .datasets import SharegptSample, sample_sharegpt
+from .inline import VLLMBatchInference
 from .remote import RemoteBatchInference
 from .testing import vllm_server
 from .types import BatchChatCompletionResponse, BatchProgress, SamplingParams
@@ -59,6 +68,23 @@ async def _run_remote(
     concurrency: int,
     console: Console,
 ) -> ModeRun:
+    async with RemoteBatchInference(url, max_concurrency=concurrency) as client:
+        return await _run(client, mode, samples, cap, console)
+
+
+async def _run_inline(samples: Sequence[SharegptSample], cap: int, console: Console) -> ModeRun:
+    # The same model and context length as the server (vllm_server's defaults).
+    async with VLLMBatchInference(max_model_len=2048) as client:
+        return await _run(client, "inline", samples, cap, console)
+
+
+async def _run(
+    client: BaseBatchClient,
+    mode: str,
+    samples: Sequence[SharegptSample],
+    cap: int,
+    console: Console,
+) -> ModeRun:
     with Progress(
         TextColumn(f"[bold]{mode:<14}"),
         BarColumn(),
@@ -77,15 +103,14 @@ async def _run_remote(
                 rate=f"{p.output_tokens_per_s:6.0f} tok/s  failed {p.failed}",
             )
 
-        async with RemoteBatchInference(url, max_concurrency=concurrency) as client:
-            started = time.perf_counter()
-            response = await client.batch_chat_completion(
-                "smollm2",
-                [s.messages for s in samples],
-                sampling_params=_params(samples, cap),
-                progress=progress,
-            )
-            wall = time.perf_counter() - started
+        started = time.perf_counter()
+        response = await client.batch_chat_completion(
+            "smollm2",
+            [s.messages for s in samples],
+            sampling_params=_params(samples, cap),
+            progress=progress,
+        )
+        wall = time.perf_counter() - started
     tokens = sum(int(r.metric("completion_tokens") or 0) for r in response.batch)
     return ModeRun(mode, len(samples), tokens, len(response.errors), wall, response)
 
@@ -147,6 +172,11 @@ async def _main(args: argparse.Namespace) -> None:
                 url, "one at a time", samples[: args.sequential], args.max_tokens, 1, console
             )
         )
+    if args.inline:
+        console.print("Server stopped. Starting the vLLM engine in this process (inline) ...")
+        # vLLM reads this when first imported (now): keep its INFO lines out of the table.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        runs.append(await _run_inline(samples, args.max_tokens, console))
     console.print(_table(runs))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "answers.jsonl"
@@ -164,6 +194,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="in flight (default 64)")
     parser.add_argument(
         "--sequential", type=int, default=16, help="conversations run one at a time (default 16)"
+    )
+    parser.add_argument(
+        "--no-inline",
+        dest="inline",
+        action="store_false",
+        help="skip the inline (in-process vLLM engine) run",
     )
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
     args = parser.parse_args(argv)

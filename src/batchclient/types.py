@@ -222,12 +222,16 @@ SamplingStrategy = Annotated[
 
 class SamplingParams(_Model):
     """How to sample. ``max_tokens=0`` means "not set": the provider's default, up to the
-    context length. ``stop`` lists strings that end generation (not included in the output)."""
+    context length. ``stop`` lists strings that end generation (not included in the output).
+    ``ignore_eos`` (a vLLM extension, for benchmarks: sent as the ``ignore_eos`` body field,
+    which vLLM servers and the inline engine honour) keeps generating past the end-of-sequence
+    token until ``max_tokens``."""
 
     strategy: SamplingStrategy = Field(default_factory=GreedySamplingStrategy)
     max_tokens: int = Field(default=0, ge=0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     stop: list[str] | None = None
+    ignore_eos: bool = False
 
 
 # ---------------------------------------------------------------------------- tools

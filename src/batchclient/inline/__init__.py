@@ -1,0 +1,5 @@
+"""The inline provider: a vLLM engine driven in-process (see :class:`VLLMBatchInference`)."""
+
+from ._client import VLLMBatchInference
+
+__all__ = ["VLLMBatchInference"]

@@ -1,0 +1,212 @@
+"""Starting and stopping vLLM's ``AsyncLLM``. Imports vLLM: only imported when an engine starts,
+so ``import batchclient`` stays light.
+
+Start-up is blocking (about 20-90 s on 2 CPU cores: the engine core process loads the model and
+sizes its KV cache), so the client runs :func:`start` in a worker thread. :func:`stop` shuts the
+engine down and then waits until every process of the engine's tree (engine core and its
+workers) has exited, killing stragglers, so nothing outlives ``async with``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
+from vllm.platforms import current_platform
+from vllm.renderers.params import ChatParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+DEFAULT_KV_CACHE_BYTES = 2 << 30
+"""KV cache size on CPU when nothing else sizes it (2 GiB: about 58k tokens of SmolLM2-135M)."""
+
+BUNDLED_MAX_MODEL_LEN = 2048
+"""Context length (tokens) of the bundled model when ``max_model_len`` is not given."""
+
+ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+"""The engine arguments this vLLM accepts (``AsyncEngineArgs`` fields)."""
+
+_MEMORY_KNOBS = ("gpu_memory_utilization", "kv_cache_memory_bytes")
+_STOP_WAIT_S = 15.0
+
+
+def engine_args(
+    model: str, served_name: str, bundled: bool, given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """vLLM engine arguments: the caller's, over defaults that make the engine start anywhere.
+
+    Defaults (each applies only when the caller does not set it):
+
+    - ``served_model_name``: ``served_name`` (``smollm2`` for the bundled model).
+    - ``max_model_len``: 2048 for the bundled model (vLLM's default, the model's 8k, otherwise).
+    - ``disable_log_stats``: True (no Prometheus or periodic log lines; the per-request
+      timings batchclient reports come from its own stat logger, see :class:`EngineCounts`).
+    - On a CPU build of vLLM only: ``enforce_eager=True`` (skips torch.compile, which takes
+      minutes on CPU) and, unless ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or the
+      ``VLLM_CPU_KVCACHE_SPACE`` environment variable size the cache, ``kv_cache_memory_bytes``
+      = 2 GiB (vLLM's CPU default, 92 % of the machine's memory, fails unless that much is free).
+      On GPUs vLLM's own defaults (CUDA graphs, ``gpu_memory_utilization`` 0.92) stay.
+    """
+    args = dict(given)
+    args["model"] = model
+    args.setdefault("served_model_name", served_name)
+    if bundled:
+        args.setdefault("max_model_len", BUNDLED_MAX_MODEL_LEN)
+    args.setdefault("disable_log_stats", True)
+    if current_platform.is_cpu():
+        args.setdefault("enforce_eager", True)
+        sized = any(args.get(k) is not None for k in _MEMORY_KNOBS)
+        if not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            args["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
+    return args
+
+
+@dataclass
+class EngineCounts:
+    """The engine core's own request counts, from the scheduler stats it reports after each
+    step: ``running`` (being generated) and ``waiting`` (queued in the engine)."""
+
+    running: int = 0
+    waiting: int = 0
+    reports: int = 0
+
+
+class _CountsLogger(StatLoggerBase):
+    """A vLLM stat logger that keeps the last scheduler counts. Registering any stat logger
+    makes the engine time each request (``RequestOutput.metrics``: time to first token)
+    without vLLM's default Prometheus and log-line loggers."""
+
+    def __init__(self, counts: EngineCounts) -> None:
+        self.counts = counts
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.counts.running = int(scheduler_stats.num_running_reqs)
+            self.counts.waiting = int(scheduler_stats.num_waiting_reqs) + int(
+                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
+            )
+            self.counts.reports += 1
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+@dataclass
+class Engine:
+    """A started engine and what is needed to stop it cleanly."""
+
+    llm: Any = None  # AsyncLLM
+    counts: EngineCounts = field(default_factory=EngineCounts)
+    max_model_len: int = 0
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def start(engine: Engine, args: Mapping[str, Any]) -> None:
+    """Build the ``AsyncLLM`` (blocking) into ``engine.llm``. Assigns ``engine.llm`` as soon as
+    it exists, so a caller cancelled meanwhile can still shut it down."""
+    counts = engine.counts
+    engine.llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**args),
+        # Batch inference is offline work: take the scheduler defaults of vLLM's offline
+        # ``LLM`` class (on CPU 256 sequences / 4,096 tokens per step instead of the
+        # server's 128 / 2,048), so the engine batches as ``LLM.chat`` does.
+        usage_context=UsageContext.LLM_CLASS,
+        stat_loggers=[lambda _config, _index: _CountsLogger(counts)],
+    )
+    engine.max_model_len = int(engine.llm.model_config.max_model_len)
+    engine.sampling_defaults = dict(engine.llm.model_config.get_diff_sampling_param())
+
+
+def _engine_processes(llm: Any) -> tuple[list[Any], list[psutil.Process]]:
+    """The engine core processes vLLM started (``multiprocessing`` children of this process)
+    and all their descendants (the workers). Empty if this vLLM keeps them elsewhere."""
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    roots = list(getattr(manager, "processes", None) or ())
+    descendants: list[psutil.Process] = []
+    for proc in roots:
+        with contextlib.suppress(psutil.Error, ValueError, TypeError):
+            descendants += psutil.Process(proc.pid).children(recursive=True)
+    return roots, descendants
+
+
+async def stop_output_handler(engine: Engine) -> None:
+    """Cancel the engine's output-handler task (on the event loop, before :func:`stop`):
+    otherwise it sees the engine core exit and logs an ``EngineDeadError`` traceback."""
+    handler = getattr(engine.llm, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done():
+        handler.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await handler
+
+
+def stop(engine: Engine) -> None:
+    """Shut the engine down (blocking, about 5 s) and wait until its processes are gone."""
+    llm, engine.llm = engine.llm, None
+    if llm is None:
+        return
+    roots, descendants = _engine_processes(llm)
+    try:
+        llm.shutdown()
+    finally:
+        for proc in roots:  # join() also reaps them, so no zombie is left
+            proc.join(_STOP_WAIT_S)
+            if proc.is_alive():  # vLLM gave up on it: it is ours, end it
+                proc.kill()
+                proc.join(_STOP_WAIT_S)
+        _, alive = psutil.wait_procs(descendants, timeout=_STOP_WAIT_S)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        psutil.wait_procs(alive, timeout=_STOP_WAIT_S)
+
+
+# ---------------------------------------------------------------------------- per request
+
+CHAT_PARAMS = ChatParams(
+    chat_template_kwargs={"add_generation_prompt": True, "continue_final_message": False}
+)
+"""How conversations are rendered: the model's own chat template with the assistant prompt
+appended, as vLLM's OpenAI server does by default."""
+
+
+def sampling_params(
+    sampling: Mapping[str, Any], max_tokens: int, structured: Mapping[str, Any] | None
+) -> SamplingParams:
+    """``vllm.SamplingParams`` for one request; only the finished output is sent back
+    (``FINAL_ONLY``: no per-token traffic through Python). Raises vLLM's own validation errors
+    (e.g. ``max_tokens must be at least 1``)."""
+    return SamplingParams(
+        **sampling,
+        max_tokens=max_tokens,
+        structured_outputs=StructuredOutputsParams(**structured) if structured else None,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def is_request_error(exc: BaseException) -> bool:
+    """True for vLLM's per-request validation errors (the request's fault, HTTP 400)."""
+    return isinstance(exc, VLLMClientError | ValueError | TypeError)
+
+
+def is_context_error(exc: BaseException) -> bool:
+    """True when vLLM refused the prompt for not fitting the context."""
+    return getattr(exc, "parameter", None) == "input_tokens" or (
+        "maximum context length" in str(exc)
+    )
