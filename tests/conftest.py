@@ -3,7 +3,8 @@ started once per test session.
 
 Set ``BATCHCLIENT_TEST_BASE_URL`` (e.g. ``http://127.0.0.1:8000/v1``) to run the server tests
 against a server that is already running (it must serve the bundled model as ``smollm2`` with
-``--max-model-len 2048``) instead of starting one.
+``--max-model-len 2048 --enable-auto-tool-choice --tool-call-parser hermes``) instead of
+starting one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from batchclient import VLLMBatchInference
 from batchclient.testing import vllm_server
+from providers import Provider, inline_provider, remote_provider
 
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
@@ -23,12 +25,16 @@ INLINE_MAX_CONCURRENCY = 48
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     """Base URL (ending in ``/v1``) of a real vLLM server with the bundled model as ``smollm2``,
-    ``max_model_len`` 2048."""
+    ``max_model_len`` 2048, and tool calling on (``hermes``: the parser of ChatML-style
+    ``<tool_call>`` answers; the bundled model's own template has no tool support, so ``auto``
+    rarely calls, while a forced choice is enforced by the server's structured output)."""
     given = os.environ.get("BATCHCLIENT_TEST_BASE_URL")
     if given:
         yield given.rstrip("/")
         return
-    with vllm_server(max_model_len=2048) as url:
+    with vllm_server(
+        max_model_len=2048, enable_auto_tool_choice=True, tool_call_parser="hermes"
+    ) as url:
         yield url
 
 
@@ -40,3 +46,16 @@ async def inline_client() -> AsyncIterator[VLLMBatchInference]:
         max_concurrency=INLINE_MAX_CONCURRENCY, kv_cache_memory_bytes=1 << 30
     ) as client:
         yield client
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("remote", marks=pytest.mark.server),
+        pytest.param("inline", marks=pytest.mark.engine),
+    ]
+)
+def provider(request: pytest.FixtureRequest) -> Provider:
+    """Each provider in turn: the real server (remote) and the session's engine (inline)."""
+    if request.param == "remote":
+        return remote_provider(request.getfixturevalue("vllm_url"))
+    return inline_provider(request.getfixturevalue("inline_client"))

@@ -9,45 +9,20 @@ that ``prompt_tokens``.
 
 from __future__ import annotations
 
-import contextlib
-import re
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import anyio
-import pytest
-from transformers import AutoTokenizer
 
 from batchclient import (
     LogProbConfig,
-    RemoteBatchInference,
     SamplingParams,
     StopReason,
     SystemMessage,
     TopPSamplingStrategy,
     UserMessage,
 )
-from batchclient._client import BaseBatchClient
-from batchclient.models import bundled_model_path
-
-MODEL = "smollm2"
-
-
-@cache
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(bundled_model_path())
-
-
-def prompt_tokens(conversation: Sequence[dict[str, str]]) -> int:
-    """Tokens of a conversation as the server and engine count them (chat template applied)."""
-    text = tokenizer().apply_chat_template(
-        list(conversation), add_generation_prompt=True, tokenize=False
-    )
-    return len(tokenizer()(text, add_special_tokens=False)["input_ids"])
+from providers import MODEL, Provider, prompt_tokens
 
 
 def distinct_conversations(n: int, tag: str) -> list[list[dict[str, str]]]:
@@ -55,74 +30,6 @@ def distinct_conversations(n: int, tag: str) -> list[list[dict[str, str]]]:
         [{"role": "user", "content": f"{tag} {i}: say something" + " ok" * (i + 1)}]
         for i in range(n)
     ]
-
-
-# ---------------------------------------------------------------------------- the providers
-
-
-def _server_running_requests(base_url: str) -> float:
-    """The server's own count of running + waiting requests (Prometheus ``/metrics``)."""
-    root = base_url.removesuffix("/v1")
-    text = urllib.request.urlopen(f"{root}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-        for match in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M):
-            total += float(match.group(1))
-    return total
-
-
-@dataclass
-class Provider:
-    name: str
-    open: Callable[[], contextlib.AbstractAsyncContextManager[BaseBatchClient]]
-    assert_idle: Callable[[BaseBatchClient], Any]  # async: the engine's own counts say idle
-
-
-def _remote(base_url: str) -> Provider:
-    @contextlib.asynccontextmanager
-    async def open_client() -> AsyncIterator[BaseBatchClient]:
-        async with RemoteBatchInference(base_url, max_concurrency=64) as client:
-            yield client
-
-    async def assert_idle(_client: BaseBatchClient) -> None:
-        # The server aborts a request when its client disconnects.
-        deadline = time.monotonic() + 15
-        while _server_running_requests(base_url) > 0 and time.monotonic() < deadline:
-            await anyio.sleep(0.25)
-        assert _server_running_requests(base_url) == 0
-
-    return Provider("remote", open_client, assert_idle)
-
-
-def _inline(client: Any) -> Provider:
-    @contextlib.asynccontextmanager
-    async def open_client() -> AsyncIterator[BaseBatchClient]:
-        yield client  # the session's engine: never closed here
-
-    async def assert_idle(_client: BaseBatchClient) -> None:
-        # The engine core reports its scheduler's counts with each step's output, so run one
-        # tiny request: when it comes back the last report is fresh. Requests that were not
-        # aborted would still be running (they asked for 1,500 tokens).
-        hi = [{"role": "user", "content": "Hi"}]
-        probe = await client.batch_chat_completion(
-            MODEL, [hi], sampling_params=SamplingParams(max_tokens=2)
-        )
-        assert probe.batch[0].error is None
-        assert client._engine_counts() == (0, 0, 0)  # (front end unfinished, running, waiting)
-
-    return Provider("inline", open_client, assert_idle)
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("remote", marks=pytest.mark.server),
-        pytest.param("inline", marks=pytest.mark.engine),
-    ]
-)
-def provider(request: pytest.FixtureRequest) -> Provider:
-    if request.param == "remote":
-        return _remote(request.getfixturevalue("vllm_url"))
-    return _inline(request.getfixturevalue("inline_client"))
 
 
 # ---------------------------------------------------------------------------- the contract

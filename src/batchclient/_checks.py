@@ -101,13 +101,64 @@ def parse_tool_calls(
     return calls, None
 
 
+def _forced_choice(body: dict[str, Any]) -> str | None:
+    """``required`` or the forced tool's name when the body forces a tool call, else None."""
+    if not body.get("tools"):
+        return None
+    choice = body.get("tool_choice")
+    if choice == "required":
+        return "required"
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def grammar_of(body: dict[str, Any]) -> str | None:
+    """The grammar a request's answer is constrained by (vLLM's ``structured_outputs``)."""
+    extra = body.get("structured_outputs")
+    grammar = extra.get("grammar") if isinstance(extra, dict) else None
+    return grammar if isinstance(grammar, str) else None
+
+
 def check_answer(
-    request: ChatRequest, message: dict[str, Any], text: str
+    request: ChatRequest, message: dict[str, Any], text: str, finish_reason: str = "stop"
 ) -> tuple[list[ToolCall], BatchItemError | None]:
-    """Parse and check one answer: returns its tool calls, or the item's error."""
+    """Parse and check one answer: returns its tool calls, or the item's error.
+
+    Tool calls are checked against their tool's parameter schema, and a forced tool choice
+    (``required`` or a tool's name) must have produced one; a JSON answer is checked against
+    ``request.response_schema``. A grammar-constrained answer cannot be re-checked without a
+    grammar engine here; the engine enforces it, and an answer cut off by ``max_tokens``
+    (``finish_reason: length``) is reported, since it may stop mid-grammar.
+    """
     wire_calls = message.get("tool_calls") or []
+    forced = _forced_choice(request.body)
     if wire_calls:
-        return parse_tool_calls(request, wire_calls)
+        calls, problem = parse_tool_calls(request, wire_calls)
+        other = [c.tool_name for c in calls if forced not in (None, "required", c.tool_name)]
+        if problem is None and other:
+            problem = _bad(
+                ErrorCode.invalid_tool_call,
+                f"tool_choice is {forced!r} but the model called {other[0]!r}",
+                json.dumps(wire_calls),
+                "tool_choice",
+            )
+        return ([], problem) if problem is not None else (calls, None)
+    if forced is not None:
+        cut = " (cut off by max_tokens)" if finish_reason == "length" else ""
+        return [], _bad(
+            ErrorCode.invalid_tool_call,
+            f"tool_choice {forced!r} asks for a tool call, but the answer has none{cut}",
+            text,
+            "tool_choice",
+        )
+    if finish_reason == "length" and grammar_of(request.body) is not None:
+        return [], _bad(
+            ErrorCode.invalid_structured_output,
+            "answer was cut off by max_tokens before its grammar was complete",
+            text,
+            "response_format",
+        )
     if request.response_schema is not None:
         try:
             value = json.loads(text)

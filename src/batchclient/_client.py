@@ -9,11 +9,11 @@ A provider subclasses :class:`BaseBatchClient` and supplies ``_start``/``_stop``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ._scheduler import ProgressCallback, ProgressTracker, run_requests
 from ._wire import ChatRequest, ChatResult, build_body, item_error, to_response, tool_to_wire
@@ -107,8 +107,8 @@ class BaseBatchClient(JobsMixin):
         tools: Sequence[ToolDefinition | dict[str, Any]] | None = None,
         tool_choice: ToolChoice | str = ToolChoice.auto,
         tool_prompt_format: ToolPromptFormat | None = None,
-        response_format: ResponseFormat | dict[str, Any] | None = None,
-        logprobs: LogProbConfig | None = None,
+        response_format: ResponseFormatArg | Sequence[ResponseFormatArg] = None,
+        logprobs: LogProbConfig | Sequence[LogProbConfig | None] | None = None,
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
@@ -123,9 +123,22 @@ class BaseBatchClient(JobsMixin):
                 dicts (``{"role": "user", "content": "..."}``).
             sampling_params: one ``SamplingParams`` for all items, or a list aligned with
                 ``messages_batch`` (one per item). Default: greedy, provider's max length.
-            tools, tool_choice, tool_prompt_format: tool definitions and how they are used.
-            response_format: a JSON schema or grammar the answers must follow.
-            logprobs: ask for per-token log-probabilities (``top_k`` alternatives).
+            tools: tool definitions (``ToolDefinition`` or OpenAI ``tools[]`` dicts), offered
+                to every item. Calls come back as ``completion_message.tool_calls`` (arguments
+                as a dict, checked against the tool's parameter schema: ``invalid_tool_call``
+                otherwise). ``docs/structured.md`` explains how each provider carries them.
+            tool_choice: ``auto`` (the model decides), ``required`` (at least one call),
+                ``none`` (no tools offered), or a tool's name (exactly that tool).
+            tool_prompt_format: ``json``, ``function_tag`` or ``python_list``: write the tools
+                into the system prompt in that format and read calls back from the answer's
+                text (Llama Stack's formats). None: the model's own tool calling (remote: the
+                server's; inline: the chat template when it renders tools and a
+                ``tool_call_parser`` is set, else ``json``).
+            response_format: a JSON schema or grammar the answers must follow; one for all
+                items, or a list aligned with ``messages_batch`` (None = unconstrained item).
+                A JSON answer that does not match its schema is ``invalid_structured_output``.
+            logprobs: per-token log-probabilities with ``top_k`` alternatives; one config for
+                all items, or a list aligned with ``messages_batch`` (None = no logprobs).
             custom_ids: the caller's id per item, echoed as ``ChatCompletionResponse.custom_id``.
             progress: called with a ``BatchProgress`` (at most every 0.2 s, and at the end).
             raise_on_error: raise ``BatchFailedError`` (holding the whole result) if any item
@@ -145,6 +158,18 @@ class BaseBatchClient(JobsMixin):
         self._require_open()
         n = len(messages_batch)
         per_item_params = _per_item(sampling_params, n)
+        formats: list[ResponseFormat | None]
+        formats = _aligned("response_format", response_format, n, _coerce_response_format)
+        per_item_logprobs: list[LogProbConfig | None]
+        per_item_logprobs = _aligned("logprobs", logprobs, n, _coerce_logprobs)
+        wire_tools = _wire_tools(tools, tool_choice)
+        if tool_prompt_format is not None:
+            try:
+                tool_prompt_format = ToolPromptFormat(tool_prompt_format)
+            except ValueError:
+                raise ConfigurationError(
+                    f"tool_prompt_format must be one of {[f.value for f in ToolPromptFormat]}"
+                ) from None
         if custom_ids is not None and len(custom_ids) != n:
             raise ConfigurationError(
                 f"custom_ids has {len(custom_ids)} entries for {n} conversations"
@@ -154,11 +179,11 @@ class BaseBatchClient(JobsMixin):
             model,
             messages_batch,
             per_item_params,
-            tools=tools,
+            tools=wire_tools,
             tool_choice=tool_choice,
             tool_prompt_format=tool_prompt_format,
-            response_format=response_format,
-            logprobs=logprobs,
+            response_formats=formats,
+            logprobs=per_item_logprobs,
             custom_ids=custom_ids,
         )
         results: list[ChatCompletionResponse | None] = [None] * n
@@ -193,24 +218,23 @@ class BaseBatchClient(JobsMixin):
         messages_batch: Sequence[Sequence[MessageLike]],
         per_item_params: Sequence[SamplingParams],
         *,
-        tools: Sequence[ToolDefinition | dict[str, Any]] | None,
+        tools: list[dict[str, Any]] | None,
         tool_choice: ToolChoice | str,
         tool_prompt_format: ToolPromptFormat | None,
-        response_format: ResponseFormat | dict[str, Any] | None,
-        logprobs: LogProbConfig | None,
+        response_formats: Sequence[ResponseFormat | None],
+        logprobs: Sequence[LogProbConfig | None],
         custom_ids: Sequence[str] | None,
     ) -> Iterator[ChatRequest]:
         """One ``ChatRequest`` per conversation, built lazily. A conversation that cannot be
         turned into a request (malformed message) gets an ``invalid_request`` error instead."""
-        wire_tools = [tool_to_wire(t) for t in tools] if tools else None
         tool_schemas = (
-            {t["function"]["name"]: t["function"].get("parameters") or {} for t in wire_tools}
-            if wire_tools
+            {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+            if tools
             else None
         )
-        fmt = _coerce_response_format(response_format)
-        schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
         for i, conversation in enumerate(messages_batch):
+            fmt = response_formats[i]
+            schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
             custom_id = custom_ids[i] if custom_ids is not None else None
             try:
                 messages = coerce_messages(list(conversation))
@@ -230,10 +254,10 @@ class BaseBatchClient(JobsMixin):
                 model,
                 messages,
                 per_item_params[i],
-                tools=wire_tools,
+                tools=tools,
                 tool_choice=tool_choice,
                 response_format=fmt,
-                logprobs=logprobs,
+                logprobs=logprobs[i],
             )
             yield ChatRequest(
                 index=i,
@@ -243,6 +267,25 @@ class BaseBatchClient(JobsMixin):
                 tool_schemas=tool_schemas,
                 tool_prompt_format=tool_prompt_format,
             )
+
+
+def _wire_tools(
+    tools: Sequence[ToolDefinition | dict[str, Any]] | None, tool_choice: ToolChoice | str
+) -> list[dict[str, Any]] | None:
+    """The tools in OpenAI form, checked against the tool choice (a whole-call problem)."""
+    try:
+        wire = [tool_to_wire(t) for t in tools] if tools else None
+    except ValidationError as exc:
+        raise ConfigurationError(f"bad tool definition: {exc}") from exc
+    names = [str(t.get("function", {}).get("name")) for t in wire or ()]
+    choice = tool_choice.value if isinstance(tool_choice, ToolChoice) else str(tool_choice)
+    if choice == "required" and not wire:
+        raise ConfigurationError("tool_choice 'required' needs tools")
+    if choice not in ("auto", "none", "required") and choice not in names:
+        raise ConfigurationError(
+            f"tool_choice {choice!r} is not a tool's name; tools: {', '.join(names) or 'none'}"
+        )
+    return wire
 
 
 def _per_item(
@@ -260,15 +303,34 @@ def _per_item(
     ]
 
 
-def _coerce_response_format(
-    fmt: ResponseFormat | dict[str, Any] | None,
-) -> ResponseFormat | None:
+ResponseFormatArg = ResponseFormat | dict[str, Any] | None
+"""A response format as typed or as a dict (``{"type": "json_schema", "json_schema": {...}}``)."""
+
+_response_format_adapter: TypeAdapter[ResponseFormat] = TypeAdapter(ResponseFormat)
+
+
+def _aligned(name: str, value: Any, n: int, coerce: Callable[[Any], Any]) -> list[Any]:
+    """One value for all ``n`` items, or a list aligned with the conversations."""
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise ConfigurationError(f"{name} has {len(value)} entries for {n} conversations")
+        return [coerce(v) for v in value]
+    return [coerce(value)] * n
+
+
+def _coerce_response_format(fmt: ResponseFormatArg) -> ResponseFormat | None:
     if fmt is None or not isinstance(fmt, dict):
         return fmt
-    from pydantic import TypeAdapter
-
-    adapter: TypeAdapter[ResponseFormat] = TypeAdapter(ResponseFormat)
     try:
-        return adapter.validate_python(fmt)
+        return _response_format_adapter.validate_python(fmt)
     except ValidationError as exc:
         raise ConfigurationError(f"bad response_format: {exc}") from exc
+
+
+def _coerce_logprobs(config: LogProbConfig | dict[str, Any] | None) -> LogProbConfig | None:
+    if config is None or isinstance(config, LogProbConfig):
+        return config
+    try:
+        return LogProbConfig.model_validate(config)
+    except ValidationError as exc:
+        raise ConfigurationError(f"bad logprobs: {exc}") from exc

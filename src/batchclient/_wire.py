@@ -265,14 +265,27 @@ def tool_parameters_schema(tool: ToolDefinition) -> dict[str, Any]:
 
 
 def tool_to_wire(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:
-    """A tool as an OpenAI ``tools[]`` entry. OpenAI-form dicts pass through."""
+    """A tool as an OpenAI ``tools[]`` entry. OpenAI-form dicts pass through unchanged.
+
+    A ``ToolDefinition`` whose parameters are all required is sent with ``"strict": true`` and
+    ``"additionalProperties": false`` (OpenAI's strict function calling, whose rules it then
+    meets): vLLM's server only constrains a forced call's arguments to the schema for strict
+    tools (vLLM 0.32, ``tool_parsers/structural_tag_registry.py``); without it the bundled
+    model's named call came back with the arguments ``"Paris"`` (GUIDE.md). A tool with
+    optional parameters cannot be strict (OpenAI refuses it), so its arguments are only
+    checked after the fact (``invalid_tool_call``).
+    """
     if isinstance(tool, dict):
         if tool.get("type") == "function" and "function" in tool:
             return tool
         tool = ToolDefinition.model_validate(tool)
-    function: dict[str, Any] = {"name": tool.tool_name, "parameters": tool_parameters_schema(tool)}
+    parameters = tool_parameters_schema(tool)
+    function: dict[str, Any] = {"name": tool.tool_name, "parameters": parameters}
     if tool.description:
         function["description"] = tool.description
+    if all(p.required for p in (tool.parameters or {}).values()):
+        parameters["additionalProperties"] = False
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 
@@ -408,7 +421,7 @@ def to_response(request: ChatRequest, result: ChatResult) -> ChatCompletionRespo
 
     from ._checks import check_answer  # local: keeps jsonschema off the import path of _wire
 
-    tool_calls, problem = check_answer(request, message, text)
+    tool_calls, problem = check_answer(request, message, text, finish)
     if problem is not None:
         return ChatCompletionResponse(error=problem, custom_id=custom_id)
     if tool_calls:

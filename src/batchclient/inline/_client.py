@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._client import BaseBatchClient
+from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from .._wire import ChatRequest, ChatResult, failed
 from ..errors import (
     BatchClientError,
@@ -59,6 +60,12 @@ class VLLMBatchInference(BaseBatchClient):
             client (default 1024). The engine batches them (up to its ``max_num_seqs``) and
             queues the rest; the window keeps a 100k-conversation call from building 100k
             engine requests at once. Below ``max_num_seqs`` it limits the batch size.
+        tool_call_parser: the vLLM tool parser that reads calls from answers of a model whose
+            chat template renders tools itself (the names of vLLM's ``--tool-call-parser``:
+            ``hermes``, ``llama3_json``, ``pythonic``, ...). None (default): tools are written
+            into the system prompt in the call's ``tool_prompt_format`` (default ``json``) and
+            calls are read back by batchclient, which works for any model, including the
+            bundled one (whose template has no tool support). See ``docs/structured.md``.
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
@@ -72,11 +79,14 @@ class VLLMBatchInference(BaseBatchClient):
     its path (as given or resolved) or served name; anything else raises
     ``ModelNotFoundError``. Per-item errors: ``context_length_exceeded`` (prompt, or prompt +
     ``max_tokens``, over ``max_model_len``; HTTP-like status 400), ``invalid_request`` (400,
-    vLLM's message), ``unsupported_parameter`` (400, a body field the engine cannot honour:
-    ``stream``, ``n`` > 1, ``tools``, unknown fields), ``engine_error`` (the engine failed).
+    vLLM's message, or malformed ``tools``/``tool_choice``), ``unsupported_parameter`` (400, a
+    body field the engine cannot honour: ``stream``, ``n`` > 1, unknown fields),
+    ``engine_error`` (the engine failed); and the answer checks every provider makes
+    (``invalid_tool_call``, ``invalid_structured_output``).
 
     Raises (on entering ``async with``):
-        ConfigurationError: vLLM is not installed, or an unknown engine argument.
+        ConfigurationError: vLLM is not installed, an unknown engine argument, or an unknown
+            ``tool_call_parser``.
         EndpointError: the engine failed to start (the message holds vLLM's reason).
     """
 
@@ -85,6 +95,7 @@ class VLLMBatchInference(BaseBatchClient):
         model: str | None = None,
         *,
         max_concurrency: int = 1024,
+        tool_call_parser: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         **engine_args: Any,
     ) -> None:
@@ -93,6 +104,8 @@ class VLLMBatchInference(BaseBatchClient):
             raise ConfigurationError("max_concurrency must be >= 1")
         self.model = model
         self.max_concurrency = max_concurrency
+        self.tool_call_parser = tool_call_parser
+        self._parser_class: type | None = None
         self.engine_args = dict(engine_args)
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self._engine: Engine | None = None
@@ -127,6 +140,13 @@ class VLLMBatchInference(BaseBatchClient):
         unknown = set(self.engine_args) - _engine.ENGINE_ARG_NAMES
         if unknown:
             raise ConfigurationError(f"unknown vLLM engine argument(s): {sorted(unknown)}")
+        if self.tool_call_parser is not None:
+            try:
+                self._parser_class = _engine.tool_parser_class(self.tool_call_parser)
+            except KeyError:
+                raise ConfigurationError(
+                    f"unknown tool_call_parser {self.tool_call_parser!r}"
+                ) from None
         served, ref = resolve_model(self.model)
         bundled = self.model is None or self.model == BUNDLED_MODEL_NAME
         args = _engine.engine_args(str(ref), served, bundled, self.engine_args)
@@ -174,27 +194,62 @@ class VLLMBatchInference(BaseBatchClient):
                 param="model",
             )
         try:
+            body, tools = self._plan_tools(engine, request)
             plan = map_body(body, engine.sampling_defaults)
+        except ToolRefusal as refusal:
+            return failed(refusal.code, refusal.message, status_code=400, param=refusal.param)
         except Refusal as refusal:
             return _refused(refusal)
         async with self._limiter:
-            return await self._generate(engine, str(model), plan)
+            return await self._generate(engine, str(model), plan, tools)
 
-    async def _generate(self, engine: Engine, model: str, plan: Plan) -> ChatResult:
+    def _plan_tools(
+        self, engine: Engine, request: ChatRequest
+    ) -> tuple[dict[str, Any], ToolPlan | None]:
+        """The body with its tools planned (``batchclient._tools.plan_tools``): rendered by the
+        chat template when it renders tools, no ``tool_prompt_format`` was asked for and a
+        ``tool_call_parser`` can read the calls back; otherwise written into the prompt."""
+        body = request.body
+        if not mentions_tools(body):
+            return body, None
+        vllm = self._vllm
+        assert vllm is not None
+        template = body.get("chat_template")
+        template = template if isinstance(template, str) else engine.chat_template
+        offered = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        native = (
+            request.tool_prompt_format is None
+            and vllm.renders_tools(template)
+            and (self._parser_class is not None or not offered)
+        )
+        return plan_tools(body, request.tool_prompt_format, native=native)
+
+    async def _generate(
+        self, engine: Engine, model: str, plan: Plan, tools: ToolPlan | None
+    ) -> ChatResult:
         vllm = self._vllm
         assert vllm is not None
         llm = engine.llm
         started, started_wall = time.perf_counter(), time.time()
+        native = tools is not None and tools.fmt is None
         try:
             (_conversation,), (prompt,) = await llm.renderer.render_chat_async(
-                [plan.messages], vllm.CHAT_PARAMS
+                [plan.messages],
+                vllm.chat_params(plan.chat_template, tools.tools if native and tools else None),
             )
         except Exception as exc:  # a template or tokenizer refusing this conversation
             return _request_error(vllm, exc, "messages")
         prompt_tokens = len(prompt["prompt_token_ids"])
+        reader, keep_special = None, False
         try:
+            if native and tools is not None and not tools.forced:
+                reader, keep_special = vllm.native_reader(
+                    self._parser_class, llm.get_tokenizer(), tools.tools
+                )
             max_tokens = resolve_max_tokens(plan.max_tokens, prompt_tokens, engine.max_model_len)
-            params = vllm.sampling_params(plan.sampling, max_tokens, plan.structured)
+            params = vllm.sampling_params(
+                plan.sampling, max_tokens, plan.structured, skip_special_tokens=not keep_special
+            )
         except Refusal as refusal:
             return _refused(refusal)
         except Exception as exc:
@@ -218,7 +273,10 @@ class VLLMBatchInference(BaseBatchClient):
         latency = time.perf_counter() - started
         if final is None or not final.outputs:
             return failed(ErrorCode.engine_error, "the engine finished without an output")
-        return self._result(llm, request_id, model, plan, final, started_wall, latency)
+        result = self._result(llm, request_id, model, plan, final, started_wall, latency)
+        if tools is not None and result.body is not None:
+            apply_to_body(tools, result.body, reader)
+        return result
 
     def _result(
         self,

@@ -13,16 +13,24 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.sandbox
 import psutil
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.exceptions import VLLMClientError
 from vllm.platforms import current_platform
+from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.renderers.params import ChatParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vllm.tool_parsers import ToolParser, ToolParserManager
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -115,6 +123,7 @@ class Engine:
     counts: EngineCounts = field(default_factory=EngineCounts)
     max_model_len: int = 0
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
 
 
 def start(engine: Engine, args: Mapping[str, Any]) -> None:
@@ -131,6 +140,7 @@ def start(engine: Engine, args: Mapping[str, Any]) -> None:
     )
     engine.max_model_len = int(engine.llm.model_config.max_model_len)
     engine.sampling_defaults = dict(engine.llm.model_config.get_diff_sampling_param())
+    engine.chat_template = default_chat_template(engine.llm)
 
 
 def _engine_processes(llm: Any) -> tuple[list[Any], list[psutil.Process]]:
@@ -186,8 +196,90 @@ CHAT_PARAMS = ChatParams(
 appended, as vLLM's OpenAI server does by default."""
 
 
+def chat_params(template: str | None, tools: Sequence[Mapping[str, Any]] | None) -> ChatParams:
+    """:data:`CHAT_PARAMS` with another chat template and/or the OpenAI ``tools`` the template
+    renders itself (vLLM's renderer hands ``chat_template_kwargs["tools"]`` to the template)."""
+    if template is None and not tools:
+        return CHAT_PARAMS
+    kwargs = dict(CHAT_PARAMS.chat_template_kwargs)
+    if tools:
+        kwargs["tools"] = [dict(t) for t in tools]
+    return ChatParams(chat_template=template, chat_template_kwargs=kwargs)
+
+
+def default_chat_template(llm: Any) -> str | None:
+    """The model's chat template (the tokenizer's), or None when it has none."""
+    try:
+        template = llm.get_tokenizer().get_chat_template()
+    except Exception:  # no template at all: the renderer reports it per request
+        return None
+    return template if isinstance(template, str) else None
+
+
+@lru_cache(maxsize=32)
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template reads the ``tools`` variable, i.e. renders tool definitions
+    itself (the same test vLLM's renderer uses to pass template kwargs: jinja2's undeclared
+    variables). The bundled SmolLM2's template does not."""
+    if not template:
+        return False
+    try:
+        parsed = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            extensions=[jinja2.ext.loopcontrols]
+        ).parse(template)
+    except jinja2.TemplateError:
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
+
+
+def tool_parser_class(name: str) -> type[ToolParser]:
+    """vLLM's tool parser called ``name`` (the server's ``--tool-call-parser`` names, e.g.
+    ``hermes``, ``llama3_json``, ``pythonic``). Raises ``KeyError`` for an unknown name."""
+    return ToolParserManager.get_tool_parser(name)
+
+
+def native_reader(
+    parser_class: type[ToolParser], tokenizer: Any, tools: Sequence[Mapping[str, Any]]
+) -> tuple[Callable[[str], tuple[str | None, list[dict[str, Any]]]], bool]:
+    """A reader of tool calls from a natively rendered answer, with vLLM's tool parser as its
+    server uses it, and whether special tokens must be kept in the answer's text (Hermes-style
+    parsers need their ``<tool_call>`` tokens). The parser reads only the request's tools and
+    tool choice, so the request it is given carries no messages of the caller's."""
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "",
+            "messages": [{"role": "user", "content": ""}],
+            "tools": [dict(t) for t in tools],
+            "tool_choice": "auto",
+        }
+    )
+    parser = parser_class(tokenizer, list(request.tools or ()))
+    adjusted = parser.adjust_request(request)
+    assert isinstance(adjusted, ChatCompletionRequest)
+
+    def read(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        info = parser.extract_tool_calls(text, adjusted)
+        if not info.tools_called:
+            return text, []
+        calls = [
+            {
+                "id": call.id or make_tool_call_id(),
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in info.tool_calls
+        ]
+        return info.content, calls
+
+    return read, not adjusted.skip_special_tokens
+
+
 def sampling_params(
-    sampling: Mapping[str, Any], max_tokens: int, structured: Mapping[str, Any] | None
+    sampling: Mapping[str, Any],
+    max_tokens: int,
+    structured: Mapping[str, Any] | None,
+    *,
+    skip_special_tokens: bool = True,
 ) -> SamplingParams:
     """``vllm.SamplingParams`` for one request; only the finished output is sent back
     (``FINAL_ONLY``: no per-token traffic through Python). Raises vLLM's own validation errors
@@ -197,6 +289,7 @@ def sampling_params(
         max_tokens=max_tokens,
         structured_outputs=StructuredOutputsParams(**structured) if structured else None,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        skip_special_tokens=skip_special_tokens,
     )
 
 

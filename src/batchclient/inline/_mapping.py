@@ -64,6 +64,7 @@ _HANDLED = frozenset(
         "tools",
         "tool_choice",
         "parallel_tool_calls",
+        "chat_template",
     }
 )
 
@@ -104,6 +105,7 @@ class Plan:
     max_tokens: int | None = None
     structured: dict[str, Any] | None = None
     top_logprobs: int | None = None
+    chat_template: str | None = None
 
 
 def _number(body: Mapping[str, Any], name: str) -> float | None:
@@ -141,9 +143,11 @@ def map_body(body: Mapping[str, Any], model_defaults: Mapping[str, Any] | None =
 
     Raises:
         Refusal: ``unsupported_parameter`` for a field the engine cannot honour (``stream:
-            true``, ``n`` > 1, ``tools``, any unknown field), ``invalid_request`` for a value of
-            the wrong type or shape. Range checks (e.g. ``max_tokens: -5``) are left to
-            ``vllm.SamplingParams``, whose message the caller reports.
+            true``, ``n`` > 1, any unknown field; ``tools`` too, which the client turns into
+            prompt text or template input before mapping, see ``batchclient._tools``),
+            ``invalid_request`` for a value of the wrong type or shape. Range checks (e.g.
+            ``max_tokens: -5``) are left to ``vllm.SamplingParams``, whose message the caller
+            reports.
     """
     defaults = dict(model_defaults or {})
     for name in body:
@@ -159,6 +163,10 @@ def map_body(body: Mapping[str, Any], model_defaults: Mapping[str, Any] | None =
         raise _unsupported("n", f"one choice per request only (got n={n})")
 
     plan = Plan(messages=messages)
+    template = body.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise _invalid("chat_template", "expected a Jinja chat template as a string")
+    plan.chat_template = template
     sampling = plan.sampling
     for name in (*_FLOATS, *_FLOAT_EXTRAS):
         value = _number(body, name)
@@ -208,15 +216,16 @@ def _check_no_streaming(body: Mapping[str, Any]) -> None:
 
 
 def _check_no_tools(body: Mapping[str, Any]) -> None:
-    # Tool calling on the inline engine is not built yet: refuse rather than answer without
-    # the tools (vllm #50026). Without tools, tool_choice "none"/"auto" and
-    # parallel_tool_calls change nothing and are accepted.
+    # The client plans tools (batchclient._tools.plan_tools) before mapping; a body that still
+    # has them here was not planned, and answering without the tools would drop them silently
+    # (vllm #50026). Without tools, tool_choice "none"/"auto" and parallel_tool_calls change
+    # nothing and are accepted.
     tools = body.get("tools")
     if tools:
-        raise _unsupported("tools", "tool calling is not supported by the inline provider yet")
+        raise _unsupported("tools", "tools must be planned into the prompt before mapping")
     choice = body.get("tool_choice")
     if choice not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", "tool calling is not supported by the inline provider")
+        raise _unsupported("tool_choice", "tools must be planned into the prompt before mapping")
 
 
 def _logit_bias(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from .._client import BaseBatchClient
+from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from .._wire import ChatRequest, ChatResult, failed, http_error
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ._adaptive import AdaptiveSettings
@@ -35,6 +36,7 @@ from ._retry import (
     RetryWait,
     parse_retry_after,
 )
+from ._structured import VllmProbe
 
 __all__ = ["RemoteBatchInference", "RemoteEndpoint"]
 
@@ -162,6 +164,7 @@ class RemoteBatchInference(BaseBatchClient):
         self._ssl_context = ssl_context
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
+        self._vllm_probe = VllmProbe()
         self._dispatcher = self._build_dispatcher()  # validates the settings now
 
     def _build_dispatcher(self) -> Dispatcher:
@@ -245,6 +248,23 @@ class RemoteBatchInference(BaseBatchClient):
 
     async def _execute(self, request: ChatRequest) -> ChatResult:
         body = request.body
+        tools = None
+        if request.tool_prompt_format is not None and mentions_tools(body):
+            # tools in the prompt, read back here: the same formats as the inline provider
+            try:
+                body, tools = plan_tools(body, request.tool_prompt_format)
+            except ToolRefusal as refusal:
+                return failed(refusal.code, refusal.message, status_code=400, param=refusal.param)
+        if body.get("structured_outputs") is not None:
+            refused = await self._vllm_probe.grammar_refusal(self._dispatcher.endpoints)
+            if refused is not None:
+                return refused
+        result = await self._send(body)
+        if tools is not None and result.error is None and result.body is not None:
+            apply_to_body(tools, result.body)
+        return result
+
+    async def _send(self, body: dict[str, Any]) -> ChatResult:
         model = str(body.get("model"))
         data = orjson.dumps(body)
         try:  # the fast path: one attempt, no retry machinery

@@ -1,0 +1,80 @@
+"""What the remote provider adds for structured output and tools before a body is sent.
+
+- **Grammars** travel in vLLM's own request field (``structured_outputs: {"grammar": ...}``),
+  which other OpenAI-compatible servers ignore or refuse. Ignoring it would return an
+  unconstrained answer as if it were constrained (case C17), so a body with
+  ``structured_outputs`` is only sent when every endpoint is a vLLM server; otherwise the item
+  is refused with ``unsupported_parameter`` naming ``response_format``.
+- **How an endpoint is known to be vLLM**: ``GET {base_url}/models``, whose entries vLLM's
+  server marks ``"owned_by": "vllm"`` (``vllm/entrypoints/openai/models/serving.py``), asked
+  once per endpoint and cached for the client's life (``/models`` is the route every
+  OpenAI-compatible server has). An endpoint that cannot be reached is asked again next time,
+  not cached, and the item is sent (its own request then fails or succeeds on its merits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import orjson
+
+from .._wire import ChatResult, failed
+from ..errors import ErrorCode
+from ._endpoints import Endpoint
+from ._http import HttpError, HttpTimeout
+
+_PROBE_TIMEOUT_S = 10.0
+
+
+class VllmProbe:
+    """Whether endpoints are vLLM servers, asked once per endpoint (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, bool] = {}
+        self._lock = anyio.Lock()
+
+    async def is_vllm(self, endpoint: Endpoint) -> bool | None:
+        """True/False once known; None when the endpoint could not be asked (not cached)."""
+        if endpoint.base_url in self._known:
+            return self._known[endpoint.base_url]
+        async with self._lock:  # one probe per endpoint, however many items wait on it
+            if endpoint.base_url in self._known:
+                return self._known[endpoint.base_url]
+            try:
+                resp = await endpoint.pool.request(
+                    "GET", f"{endpoint.path}/models", timeout=_PROBE_TIMEOUT_S
+                )
+            except (HttpError, HttpTimeout):
+                return None
+            verdict = resp.status == 200 and _owned_by_vllm(resp.body)
+            self._known[endpoint.base_url] = verdict
+            return verdict
+
+    async def grammar_refusal(self, endpoints: Sequence[Endpoint]) -> ChatResult | None:
+        """None when every endpoint is (or may be) vLLM; else the item's refusal."""
+        others = []
+        for endpoint in endpoints:
+            if await self.is_vllm(endpoint) is False:
+                others.append(endpoint.base_url)
+        if not others:
+            return None
+        return failed(
+            ErrorCode.unsupported_parameter,
+            "response_format: a grammar needs a vLLM server (sent as its structured_outputs "
+            f"field), and {', '.join(others)} is not one (GET /models has no entry owned by "
+            "vllm); use a JSON schema instead",
+            status_code=400,
+            param="response_format",
+        )
+
+
+def _owned_by_vllm(raw: bytes) -> bool:
+    try:
+        data = orjson.loads(raw)
+    except ValueError:
+        return False
+    entries = data.get("data") if isinstance(data, dict) else None
+    return isinstance(entries, list) and any(
+        isinstance(e, dict) and e.get("owned_by") == "vllm" for e in entries
+    )
