@@ -15,7 +15,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from providers import MODEL, Provider, prompt_tokens
 
 from batchclient import (
     ChatCompletionResponse,
@@ -34,6 +33,7 @@ from batchclient import (
     UserMessage,
 )
 from batchclient._wire import tool_to_wire
+from providers import MODEL, Provider, prompt_tokens
 
 PERSON = {
     "type": "object",
