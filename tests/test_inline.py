@@ -148,8 +148,6 @@ async def test_request_ids_are_unique_and_not_the_callers(
         ({"stream": True}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"best_of": 3}, "best_of"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"response_format": {"type": "xml"}}, "response_format"),
@@ -166,20 +164,22 @@ async def test_c06_fields_the_engine_cannot_honour_are_refused_by_name(
     assert result.body["error"]["param"] == param
 
 
-async def test_c06_tools_through_the_protocol_are_refused_and_others_finish(
-    inline_client: VLLMBatchInference,
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
+        ({"tools": {"name": "f"}}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+async def test_malformed_tools_in_a_body_are_per_item_invalid_request(
+    inline_client: VLLMBatchInference, fields: dict[str, Any], param: str
 ) -> None:
-    result = await inline_client.batch_chat_completion(
-        MODEL,
-        [HI, HI],
-        sampling_params=SamplingParams(max_tokens=2),
-        tools=[{"tool_name": "get_weather", "parameters": {"city": {"param_type": "str"}}}],
-    )
-    assert [e.code for _, e in result.errors] == ["unsupported_parameter"] * 2
-    plain = await inline_client.batch_chat_completion(
-        MODEL, [HI], sampling_params=SamplingParams(max_tokens=2)
-    )
-    assert plain.batch[0].error is None
+    """Tools are served inline (``tests/test_structured.py``); a malformed ``tools`` or a
+    ``tool_choice`` without tools in a raw body (a job line) is that item's 400."""
+    result = await run_body(inline_client, 0, body(**fields))
+    assert result.status_code == 400
+    assert result.error.code == "invalid_request" and result.error.param == param
 
 
 @pytest.mark.parametrize(
