@@ -278,7 +278,7 @@ async def test_seed_makes_sampling_repeatable(inline_client: VLLMBatchInference)
 async def test_the_window_bounds_requests_in_the_engine(
     inline_client: VLLMBatchInference,
 ) -> None:
-    """200 conversations with a window of 48: never more than 48 engine requests at once,
+    """120 conversations with a window of 48: never more than 48 engine requests at once,
     and the window is used."""
     peak = 0
     done = False
@@ -289,7 +289,7 @@ async def test_the_window_bounds_requests_in_the_engine(
             peak = max(peak, inline_client._engine_counts()[0])
             await anyio.sleep(0.01)
 
-    conversations = [[{"role": "user", "content": f"Number {i}?"}] for i in range(200)]
+    conversations = [[{"role": "user", "content": f"Number {i}?"}] for i in range(120)]
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch)
         result = await inline_client.batch_chat_completion(

@@ -454,3 +454,23 @@ async def test_job_calls_need_an_open_client_and_match_the_protocol(tmp_path: Pa
     with pytest.raises(ClientClosedError):
         await c.job_info("batch_x")
     assert not (tmp_path / "batchclient.sqlite3").exists()  # nothing created until used
+
+
+async def test_client_entered_and_closed_in_different_tasks(tmp_path: Path) -> None:
+    """A pytest-asyncio session fixture enters a client in one task and closes it in another:
+    closing must still pause the running job, and a new client resumes it."""
+    lines = [line(f"r{i}", f"TOKEN-{i}") for i in range(40)]
+    with StubServer(latency_s=0.05) as stub:
+        c = client(stub, tmp_path, max_concurrency=2)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.__aenter__)
+        job = await c.schedule_batch((await c.files.create(jsonl(lines))).id)
+        await until(lambda: stub.stats.requests >= 4)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.__aexit__, None, None, None)
+        sent = stub.stats.requests
+        assert sent < 40  # paused, not finished
+        async with client(stub, tmp_path) as again:
+            with anyio.fail_after(60):
+                done = await again.job_wait(job.job_id)
+        assert done.status == "completed" and done.request_counts.completed == 40

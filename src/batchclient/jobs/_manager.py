@@ -4,8 +4,10 @@ process.
 Every provider client owns one (created in its ``__aenter__``); the ``batchclient jobs`` commands
 open one without a provider (they can list, inspect, cancel and export, not run). Jobs run as
 tasks of the manager's task group, which lives exactly as long as the client's ``async with``
-block. Leaving the block pauses the running jobs (they stay ``in_progress``); the next client on
-the same state directory with the same provider identity resumes them.
+block. The task group is hosted by a task of its own, so the client may be entered and closed
+from different tasks (pytest-asyncio session fixtures do that). Leaving the block pauses the
+running jobs (they stay ``in_progress``); the next client on the same state directory
+with the same provider identity resumes them.
 
 Leases: a running job's row names its ``owner`` (host, pid, a random token) and a
 ``heartbeat_at`` refreshed every second. A job is orphaned when its owner is gone: the pid is dead
@@ -16,6 +18,7 @@ two processes never run the same job. ``job_cancel`` from another process marks 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -81,14 +84,19 @@ class JobManager:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
         self._tg: TaskGroup | None = None
+        self._host: asyncio.Task[None] | None = None
+        self._stop: anyio.Event | None = None
         self._running: dict[str, RunningJob] = {}
         self.files = Files(lambda: self)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        ready, self._stop = anyio.Event(), anyio.Event()
+        self._host = asyncio.get_running_loop().create_task(self._host_tasks(ready))
+        await ready.wait()
+        if self._tg is None:  # the host failed before its task group opened
+            await self._host
         try:
             if Store.exists(self.state_dir):
                 await self.store()
@@ -105,13 +113,26 @@ class JobManager:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        tg, self._tg = self._tg, None
-        if tg is not None:
-            tg.cancel_scope.cancel()  # pauses running jobs; they release their leases
-            await tg.__aexit__(None, None, None)
+        host, self._host = self._host, None
+        if host is not None and self._stop is not None:
+            self._stop.set()  # pauses running jobs; they release their leases
+            await host
         if self._store is not None:
             self._store.close()
             self._store = None
+
+    async def _host_tasks(self, ready: anyio.Event) -> None:
+        """Own the task group for the manager's lifetime: entered and exited in this task."""
+        assert self._stop is not None
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                ready.set()
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            ready.set()
 
     async def store(self) -> Store:
         """The state directory's database, created on first use."""
