@@ -5,6 +5,7 @@ engine mode tested (inline) runs on the session engine, so no extra engine start
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from batchclient._bench import _report, _run
+from batchclient._bench import _args, _report, _run
 from batchclient._bench._data import jsonl_requests
 from batchclient._bench._engine_modes import run_inline
 from batchclient._bench._spec import BenchRequest, RunFigures, RunSpec
@@ -33,7 +34,7 @@ def rows_by_label(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {row["label"]: row for row in report["rows"]}
 
 
-def assert_row_consistent(row: dict[str, Any], requests: int) -> None:
+def assert_row_consistent(row: dict[str, Any], requests: int, *, latency: bool = True) -> None:
     m = row["median"]
     assert m is not None, row
     assert m["requests"] == requests and m["failed"] == 0, m["errors"]
@@ -44,7 +45,10 @@ def assert_row_consistent(row: dict[str, Any], requests: int) -> None:
     assert math.isclose(m["output_tokens_per_s"], m["output_tokens"] / m["wall_s"])
     assert math.isclose(m["total_tokens_per_s"], m["total_tokens"] / m["wall_s"])
     assert math.isclose(m["requests_per_s"], requests / m["wall_s"])
-    assert m["latency_p50_s"] <= m["latency_p90_s"] <= m["latency_p99_s"]
+    if latency:
+        assert m["latency_p50_s"] <= m["latency_p90_s"] <= m["latency_p99_s"]
+    else:  # the mode exposes no per-request timings: shown as missing, never as zero
+        assert m["latency_p50_s"] is None and m["ttft_p50_s"] is None
     assert m["peak_rss_mb"] > 0
     assert (
         m["output_tokens_per_s_runs"] and m["output_tokens_per_s"] in m["output_tokens_per_s_runs"]
@@ -162,6 +166,41 @@ def test_bench_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "-n must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.server
+@pytest.mark.engine
+def test_bench_engine_mode_in_its_own_process(
+    vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vllm-offline through the CLI: its engine starts in a child process after the server
+    modes, and the ratios and bars against it come from the same rows."""
+    stdout, code = bench(
+        capsys,
+        "-n", "3", "--max-tokens", "4", "--modes", "remote", "vllm-offline",
+        "--concurrency", "3", "--no-warmup", "--kv-cache-gib", "1",
+        "--base-url", vllm_url, "--out", str(tmp_path), "--name", "engine",
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "engine.json").read_text())
+    assert (tmp_path / "engine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = rows_by_label(report)
+    assert list(rows) == ["remote@3", "vllm-offline"]
+    assert "| remote@3 | 3 |" in stdout and "| vllm-offline | engine |" in stdout
+    remote, offline = rows["remote@3"], rows["vllm-offline"]
+    assert_row_consistent(remote, 3)
+    assert_row_consistent(offline, 3, latency=False)
+    # identical requests: the server's usage and the engine's token ids count the same tokens
+    assert remote["median"]["prompt_tokens"] == offline["median"]["prompt_tokens"]
+    assert remote["median"]["output_tokens"] == offline["median"]["output_tokens"]
+    # the engine mode's RSS covers its engine processes (the model), not just the parent
+    assert offline["median"]["peak_rss_mb"] > remote["median"]["peak_rss_mb"]
+    assert offline["vs_vllm_offline"] == 1.0 and offline["vs_sequential"] is None
+    ratio = remote["median"]["output_tokens_per_s"] / offline["median"]["output_tokens_per_s"]
+    assert math.isclose(remote["vs_vllm_offline"], ratio)
+    bar = {b["bar"]: b for b in report["bars"]}["remote@3 >= 0.90 x vllm-offline"]
+    assert bar["value"] == remote["vs_vllm_offline"] and bar["met"] == (ratio >= 0.90)
+    assert report["engine"]["kv_cache_gib"] == 1
+
+
 @pytest.mark.engine
 async def test_inline_mode_on_the_session_engine(inline_client: Any) -> None:
     requests = [
@@ -223,7 +262,7 @@ def test_median_run_ratios_and_bars() -> None:
     report = {"rows": [r.to_json() for r in rows], "bars": bars(rows, 8)}
     text = _report.table(report)
     assert "| litellm@8 | 8 | not installed (pip install litellm) |" in text
-    assert "MISSED by 44 %" in _report.bars_text(report)  # 0.5 of the needed 0.9
+    assert "MISSED by 44.4 %" in _report.bars_text(report)  # 0.5 of the needed 0.9
 
 
 def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,8 +270,8 @@ def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         _run.importlib.util, "find_spec", lambda name: None if name == "litellm" else real(name)
     )
-    parser = _run.argparse.ArgumentParser()
-    _run.add_arguments(parser)
+    parser = argparse.ArgumentParser()
+    _args.add_arguments(parser)
     args = parser.parse_args(["--concurrency", "8", "64", "8"])
     rows = _run.plan(args)
     assert [r.label for r in rows] == [

@@ -1,5 +1,6 @@
 """The ``batchclient`` command: ``run`` an OpenAI batch file (like ``vllm run-batch``, but durable
-and resumable) and manage ``jobs``. Guide: ``docs/jobs.md``.
+and resumable), manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
+requests (guide: ``docs/benchmarks.md``).
 
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
@@ -7,7 +8,7 @@ and resumable) and manage ``jobs``. Guide: ``docs/jobs.md``.
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
 
-Every subcommand takes ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
+``run`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
 directory). Subcommands register themselves in :data:`COMMANDS`; add one with a function that
 takes the subparsers and the shared parent parser.
 """

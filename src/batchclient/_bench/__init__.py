@@ -9,13 +9,14 @@ ceiling reference) and the peer clients ``openai-gather`` and ``litellm`` on the
 Modules: ``_spec`` (the data passed between processes), ``_data`` (ShareGPT or JSONL
 requests), ``_client_modes`` and ``_engine_modes`` (one function per mode), ``_child`` (one run
 in a fresh process), ``_stats`` (rates, percentiles, ratios, bars), ``_report`` (Markdown,
-JSON, chart, doc block), ``_run`` (arguments and the run). It lives in the package, not in
-``bench/``, so the installed ``batchclient bench`` works from any directory;
-``bench/run.py`` is a thin script over it.
+JSON, chart, doc block), ``_args`` (the options), ``_run`` (the run). It lives in the package,
+not in ``bench/``, so the installed ``batchclient bench`` works from any directory;
+``bench/bench.py`` is a thin script over it, next to the other benchmarks.
 """
 
 from __future__ import annotations
 
-from ._run import add_arguments, bench_command
+from ._args import add_arguments
+from ._run import bench_command
 
 __all__ = ["add_arguments", "bench_command"]

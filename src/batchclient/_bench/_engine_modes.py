@@ -3,7 +3,7 @@
 ceiling reference).
 
 Both engines get the same arguments (:func:`engine_args`): the model, its context length, eager
-mode, a :data:`~._spec.KV_CACHE_GIB` KV cache and vLLM's offline scheduler limits, the ones the
+mode, a ``spec.kv_cache_gib`` KV cache and vLLM's offline scheduler limits, the ones the
 harness's server gets too. Each warms up with the same prompts as the server modes outside the
 clock, then generates every request greedily to exactly its ``max_tokens`` (``ignore_eos``).
 """
@@ -18,7 +18,6 @@ from ._client_modes import WARMUP, WARMUP_MAX_TOKENS, response_figures
 from ._spec import (
     ENGINE_MAX_NUM_BATCHED_TOKENS,
     ENGINE_MAX_NUM_SEQS,
-    KV_CACHE_GIB,
     BenchRequest,
     RequestFigures,
     RunSpec,
@@ -31,7 +30,7 @@ def engine_args(spec: RunSpec) -> dict[str, Any]:
         "served_model_name": spec.model_name,
         "max_model_len": spec.max_model_len,
         "enforce_eager": True,
-        "kv_cache_memory_bytes": KV_CACHE_GIB << 30,
+        "kv_cache_memory_bytes": spec.kv_cache_gib << 30,
         "max_num_seqs": ENGINE_MAX_NUM_SEQS,
         "max_num_batched_tokens": ENGINE_MAX_NUM_BATCHED_TOKENS,
     }

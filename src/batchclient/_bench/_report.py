@@ -119,10 +119,9 @@ def table(report: dict[str, Any]) -> str:
 def bars_text(report: dict[str, Any]) -> str:
     lines = []
     for bar in report["bars"]:
-        verdict = (
-            "met" if bar["met"] else f"MISSED by {100 * (1 - bar['value'] / bar['needed']):.0f} %"
-        )
-        lines.append(f"- {bar['bar']}: {bar['value']:.2f} ({verdict})")
+        short = 100 * (1 - bar["value"] / bar["needed"])
+        verdict = "met" if bar["met"] else f"MISSED by {short:.1f} %"
+        lines.append(f"- {bar['bar']}: {bar['value']:.3f} ({verdict})")
     return "\n".join(lines) or "- (no bar applies to the modes that ran)"
 
 
@@ -138,6 +137,11 @@ def markdown(report: dict[str, Any], chart: str | None = None) -> str:
         f"- data: {data['source']}; {data['requests']} requests, max_tokens "
         f"{data['max_tokens_min']}-{data['max_tokens_max']} (sum {data['max_tokens_sum']:,}), "
         "greedy, ignore_eos",
+        *(
+            [f"- sequential ran only the first {data['sequential_n']} requests (--sequential-n)"]
+            if data["sequential_n"] < data["requests"]
+            else []
+        ),
         f"- model: {env['model']}; server: {report['server']}",
         f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB; "
         f"load average at start {load}",
@@ -181,14 +185,18 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     low = [rate - min(rs) for rate, rs in zip(rates, runs, strict=True)]
     high = [max(rs) - rate for rate, rs in zip(rates, runs, strict=True)]
     colours = [_colour(r["mode"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.55 * max(len(rows), 1) + 1.8))
+    fig, ax = plt.subplots(figsize=(8, 0.55 * max(len(rows), 1) + 2.2))
     repeated = any(len(rs) > 1 for rs in runs)
     ax.barh(labels, rates, xerr=[low, high] if repeated else None, color=colours, capsize=3)
     shown = dict.fromkeys(colours)
+    # below the axes, where it cannot hide a bar or its label
     ax.legend(
         handles=[Patch(color=c, label=_LEGEND[c]) for c in shown],
-        loc="lower right",
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=len(shown),
         fontsize=8,
+        frameon=False,
     )
     for y, rate in enumerate(rates):
         ax.text(rate, y, f" {rate:,.0f}", va="center")

@@ -1,4 +1,4 @@
-"""``batchclient bench``: the arguments and the run (server phase, engine phase, report).
+"""``batchclient bench``: the run (server phase, engine phase, report); options in ``_args``.
 
 Order of a run: sample the requests once; start the vLLM server (unless ``--base-url``) and run
 the server modes, each run in a fresh process, repeats interleaved (run 1 of every mode, then
@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import importlib.util
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -25,105 +24,18 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from . import _report
+from ._args import check_args, command_line
 from ._spec import (
     ALL_MODES,
     ENGINE_MAX_NUM_BATCHED_TOKENS,
     ENGINE_MAX_NUM_SEQS,
     ENGINE_MODES,
-    KV_CACHE_GIB,
     BenchRequest,
     RunFigures,
     RunSpec,
     save_requests,
 )
 from ._stats import ModeRow, add_ratios, bars, run_row
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``batchclient bench`` (documented in ``docs/benchmarks.md``)."""
-    data = p.add_argument_group("data")
-    data.add_argument("-n", type=int, default=256, help="conversations (default 256)")
-    data.add_argument("--seed", type=int, default=0, help="ShareGPT sampling seed (default 0)")
-    data.add_argument(
-        "--max-tokens",
-        type=int,
-        default=256,
-        help="cap on each request's output length; ShareGPT requests ask for their reference "
-        "reply's length up to this (default 256)",
-    )
-    data.add_argument(
-        "--input",
-        type=Path,
-        default=None,
-        help="an OpenAI batch JSONL file instead of ShareGPT (its first -n lines)",
-    )
-    modes = p.add_argument_group("modes")
-    modes.add_argument(
-        "--modes",
-        nargs="+",
-        choices=ALL_MODES,
-        default=list(ALL_MODES),
-        metavar="MODE",
-        help=f"modes to run, any of {', '.join(ALL_MODES)} (default all)",
-    )
-    modes.add_argument(
-        "--concurrency",
-        type=int,
-        nargs="+",
-        default=[ENGINE_MAX_NUM_SEQS],
-        help=f"remote: requests in flight, several values make a sweep (default "
-        f"{ENGINE_MAX_NUM_SEQS}, the engines' sequences per step)",
-    )
-    modes.add_argument(
-        "--peer-concurrency",
-        type=int,
-        default=None,
-        help="openai-gather and litellm: requests in flight (default the largest --concurrency)",
-    )
-    modes.add_argument(
-        "--sequential-n",
-        type=int,
-        default=16,
-        help="sequential runs only the first N requests (one at a time is slow; default 16)",
-    )
-    modes.add_argument("--repeat", type=int, default=1, help="runs per mode; rows are medians")
-    modes.add_argument(
-        "--no-warmup", action="store_true", help="skip each run's warm-up requests (quick checks)"
-    )
-    modes.add_argument(
-        "--run-timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)"
-    )
-    where = p.add_argument_group("server and model")
-    where.add_argument(
-        "--base-url",
-        default=None,
-        help="an OpenAI-compatible server to use (API root ending in /v1); default: start the "
-        "local vLLM server for the server modes and stop it before the engine modes",
-    )
-    where.add_argument("--model", default=None, help="model path or hub id (default: bundled)")
-    where.add_argument(
-        "--served-model-name", default=None, help="the model name requests use (default: derived)"
-    )
-    where.add_argument("--max-model-len", type=int, default=2048, help="context length, tokens")
-    out = p.add_argument_group("output")
-    out.add_argument(
-        "--out", type=Path, default=Path("bench/results"), help="directory (default bench/results)"
-    )
-    out.add_argument("--name", default="bench", help="file stem: NAME.json, NAME.png, NAME.md")
-    out.add_argument(
-        "--update-doc",
-        type=Path,
-        default=None,
-        metavar="DOC",
-        help="also replace the generated block of this Markdown file (docs/benchmarks.md)",
-    )
-    out.add_argument(
-        "--from-json",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="run nothing: render a saved report again (table, chart, --update-doc)",
-    )
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -151,14 +63,6 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- the run
-
-
-def _check(args: argparse.Namespace) -> None:
-    for name in ("n", "max_tokens", "sequential_n", "repeat", "max_model_len"):
-        if getattr(args, name) < 1:
-            raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 1")
-    if any(c < 1 for c in args.concurrency) or (args.peer_concurrency or 1) < 1:
-        raise ConfigurationError("concurrency values must be >= 1")
 
 
 def load_data(args: argparse.Namespace) -> tuple[list[BenchRequest], str]:
@@ -205,37 +109,11 @@ def plan(args: argparse.Namespace) -> list[ModeRow]:
     return rows
 
 
-def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run, every figure-shaping option spelled out."""
-    words = ["batchclient", "bench", "-n", str(args.n)]
-    if args.input is not None:
-        words += ["--input", str(args.input)]
-    else:
-        words += ["--seed", str(args.seed)]
-    words += ["--max-tokens", str(args.max_tokens), "--modes", *args.modes]
-    words += ["--concurrency", *map(str, args.concurrency)]
-    if args.peer_concurrency is not None:
-        words += ["--peer-concurrency", str(args.peer_concurrency)]
-    words += ["--sequential-n", str(args.sequential_n), "--repeat", str(args.repeat)]
-    for flag, value in (
-        ("--base-url", args.base_url),
-        ("--model", args.model),
-        ("--served-model-name", args.served_model_name),
-    ):
-        if value is not None:
-            words += [flag, str(value)]
-    if args.max_model_len != 2048:
-        words += ["--max-model-len", str(args.max_model_len)]
-    if args.no_warmup:
-        words.append("--no-warmup")
-    return shlex.join(words)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every planned mode ``--repeat`` times; return the report (what the JSON holds)."""
     from ..models import resolve_model
 
-    _check(args)
+    check_args(args)
     started, started_at = time.monotonic(), _report.stamp()
     default_name, model_ref = resolve_model(args.model)
     model_name = args.served_model_name or default_name
@@ -255,6 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model_name=model_name,
             model_path=str(model_ref),
             max_model_len=args.max_model_len,
+            kv_cache_gib=args.kv_cache_gib,
             warmup=not args.no_warmup,
         )
         if server_rows:
@@ -272,11 +151,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "total_s": time.monotonic() - started,
         "note": "one invocation; on a shared machine the figures are noisy",
         "environment": env,
-        "server": f"given: {args.base_url}" if args.base_url else _SERVER_TEXT,
+        "server": f"given: {args.base_url}" if args.base_url else _server_text(args),
         "engine": {
             "max_model_len": args.max_model_len,
             "enforce_eager": True,
-            "kv_cache_gib": KV_CACHE_GIB,
+            "kv_cache_gib": args.kv_cache_gib,
             "max_num_seqs": ENGINE_MAX_NUM_SEQS,
             "max_num_batched_tokens": ENGINE_MAX_NUM_BATCHED_TOKENS,
         },
@@ -288,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_tokens_min": min(r.max_tokens for r in requests),
             "max_tokens_max": max(r.max_tokens for r in requests),
             "max_tokens_sum": sum(r.max_tokens for r in requests),
-            "sequential_n": min(args.sequential_n, len(requests)),
+            "sequential_n": min(args.sequential_n or len(requests), len(requests)),
         },
         "repeat": args.repeat,
         "concurrency": list(args.concurrency),
@@ -298,11 +177,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-_SERVER_TEXT = (
-    f"started by the harness (vLLM OpenAI server, eager, {KV_CACHE_GIB} GiB KV cache, "
-    f"max_num_seqs {ENGINE_MAX_NUM_SEQS}, max_num_batched_tokens "
-    f"{ENGINE_MAX_NUM_BATCHED_TOKENS}), stopped before the engine modes"
-)
+def _server_text(args: argparse.Namespace) -> str:
+    return (
+        f"started by the harness (vLLM OpenAI server, eager, {args.kv_cache_gib} GiB KV cache, "
+        f"max_num_seqs {ENGINE_MAX_NUM_SEQS}, max_num_batched_tokens "
+        f"{ENGINE_MAX_NUM_BATCHED_TOKENS}), stopped before the engine modes"
+    )
 
 
 @contextlib.contextmanager
@@ -317,7 +197,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
         model_ref,
         served_model_name=model_name,
         max_model_len=args.max_model_len,
-        kv_cache_memory_bytes=KV_CACHE_GIB << 30,
+        kv_cache_memory_bytes=args.kv_cache_gib << 30,
         max_num_seqs=ENGINE_MAX_NUM_SEQS,
         max_num_batched_tokens=ENGINE_MAX_NUM_BATCHED_TOKENS,
     ) as url:

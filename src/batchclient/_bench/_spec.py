@@ -27,7 +27,8 @@ the harness starts too, so every mode runs the same scheduler (the server's own 
 ENGINE_MAX_NUM_BATCHED_TOKENS = 4096
 """Tokens per engine step: vLLM's offline default on CPU (see :data:`ENGINE_MAX_NUM_SEQS`)."""
 KV_CACHE_GIB = 2
-"""KV cache of every engine the harness starts (server, inline, vllm-offline), in GiB."""
+"""Default KV cache of every engine the harness starts (server, inline, vllm-offline), in GiB
+(``--kv-cache-gib``)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class RunSpec:
     base_url: str = ""
     concurrency: int = 1
     max_model_len: int = 2048
+    kv_cache_gib: int = KV_CACHE_GIB
     warmup: bool = True
 
     def save(self, path: Path) -> None:
