@@ -15,11 +15,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``batchclient bench`` (documented in ``docs/benchmarks.md``)."""
     data = p.add_argument_group("data")
     data.add_argument("-n", type=int, default=256, help="conversations (default 256)")
-    data.add_argument("--seed", type=int, default=0, help="ShareGPT sampling seed (default 0)")
+    data.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="ShareGPT sampling seed (default 0)"
+    )
     data.add_argument(
         "--max-tokens",
         type=int,
         default=256,
+        metavar="N",
         help="cap on each request's output length; ShareGPT requests ask for their reference "
         "reply's length up to this (default 256)",
     )
@@ -27,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--input",
         type=Path,
         default=None,
+        metavar="FILE",
         help="an OpenAI batch JSONL file instead of ShareGPT (its first -n lines)",
     )
     modes = p.add_argument_group("modes")
@@ -43,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         nargs="+",
         default=[ENGINE_MAX_NUM_SEQS],
+        metavar="N",
         help=f"remote: requests in flight, several values make a sweep (default "
         f"{ENGINE_MAX_NUM_SEQS}, the engines' sequences per step)",
     )
@@ -50,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--peer-concurrency",
         type=int,
         default=None,
+        metavar="N",
         help="openai-gather and litellm: requests in flight (default the largest --concurrency)",
     )
     modes.add_argument(
@@ -60,37 +66,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sequential runs only the first N requests, a shortcut for quick runs (one at a "
         "time is slow); default every request, like the other modes",
     )
-    modes.add_argument("--repeat", type=int, default=1, help="runs per mode; rows are medians")
+    modes.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs per mode; each row is the run with the median output tok/s (default 1)",
+    )
     modes.add_argument(
         "--no-warmup", action="store_true", help="skip each run's warm-up requests (quick checks)"
     )
     modes.add_argument(
-        "--run-timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)"
+        "--run-timeout",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="seconds one run may take; a run over it is killed and reported (default 3600)",
     )
     where = p.add_argument_group("server and model")
     where.add_argument(
         "--base-url",
         default=None,
+        metavar="URL",
         help="an OpenAI-compatible server to use (API root ending in /v1); default: start the "
         "local vLLM server for the server modes and stop it before the engine modes",
     )
-    where.add_argument("--model", default=None, help="model path or hub id (default: bundled)")
     where.add_argument(
-        "--served-model-name", default=None, help="the model name requests use (default: derived)"
+        "--model",
+        default=None,
+        metavar="M",
+        help="model directory or hub id for the engines and the started server (default: the "
+        "bundled SmolLM2-135M-Instruct); another model needs --input",
     )
-    where.add_argument("--max-model-len", type=int, default=2048, help="context length, tokens")
+    where.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name requests use (default smollm2 for the bundled model, else --model)",
+    )
+    where.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="context length of the engines and the started server, tokens (default 2048)",
+    )
     where.add_argument(
         "--kv-cache-gib",
         type=int,
         default=KV_CACHE_GIB,
+        metavar="GIB",
         help=f"KV cache of every engine the harness starts (server, inline, vllm-offline), GiB "
         f"(default {KV_CACHE_GIB})",
     )
     out = p.add_argument_group("output")
     out.add_argument(
-        "--out", type=Path, default=Path("bench/results"), help="directory (default bench/results)"
+        "--out",
+        type=Path,
+        default=Path("bench/results"),
+        metavar="DIR",
+        help="directory for the files (default bench/results)",
     )
-    out.add_argument("--name", default="bench", help="file stem: NAME.json, NAME.png, NAME.md")
+    out.add_argument(
+        "--name", default="bench", help="file stem: NAME.json, NAME.png, NAME.md (default bench)"
+    )
     out.add_argument(
         "--update-doc",
         type=Path,
