@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 
 # The main job (200 conversations through the server, answers in demo-output/), then a short
 # benchmark of every mode on 32 conversations (docs/benchmarks.md). The demo's own inline run is
-# skipped because the benchmark runs inline (and raw vLLM) on the same sample. ~8 min, 2 cores.
+# skipped because the benchmark runs inline (and raw vLLM) on the same sample. Under 10 min on an
+# idle 2-core CPU (15 min measured on a busy shared one).
 demo: setup
 	$(BIN)/python -m batchclient.demo --no-inline
 	$(BIN)/batchclient bench -n 32 --max-tokens 64 --out demo-output --name bench
