@@ -1,12 +1,14 @@
 """The ``batchclient`` command: ``run`` an OpenAI batch file (like ``vllm run-batch``, but durable
-and resumable) and manage ``jobs``. Guide: ``docs/jobs.md``.
+and resumable), manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
+requests (guide: ``docs/benchmarks.md``).
 
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
+    batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
 
-Every subcommand takes ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
+``run`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
 directory). Subcommands register themselves in :data:`COMMANDS`; add one with a function that
 takes the subparsers and the shared parent parser.
 """
@@ -82,7 +84,25 @@ def _add_jobs(
     re.set_defaults(func=_jobs_result)
 
 
-COMMANDS: list[Register] = [_add_run, _add_jobs]
+def _add_bench(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._bench import add_arguments, bench_command
+
+    p = sub.add_parser(
+        "bench",
+        help="benchmark every mode on identical ShareGPT requests: table, JSON and chart",
+        description="The original experiment in one run: one request at a time (sequential), "
+        "batchclient's remote fan-out and inline engine, raw vllm.LLM.chat (the ceiling) and "
+        "peer clients (AsyncOpenAI + semaphore, litellm) on identical requests. Prints a "
+        "Markdown table; writes NAME.json, NAME.png and NAME.md under --out. Guide: "
+        "docs/benchmarks.md.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=bench_command)
+
+
+COMMANDS: list[Register] = [_add_run, _add_jobs, _add_bench]
 """Subcommand registrars, in help order."""
 
 

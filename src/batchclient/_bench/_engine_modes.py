@@ -1,0 +1,108 @@
+"""Modes that run a vLLM engine in this process: ``inline``
+(:class:`~batchclient.VLLMBatchInference`) and ``vllm-offline`` (raw ``vllm.LLM.chat``, the
+ceiling reference).
+
+Both engines get the same arguments (:func:`engine_args`): the model, its context length, eager
+mode, a ``spec.kv_cache_gib`` KV cache and vLLM's offline scheduler limits, the ones the
+harness's server gets too. Each warms up with the same prompts as the server modes outside the
+clock, then generates every request greedily to exactly its ``max_tokens`` (``ignore_eos``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._client_modes import WARMUP, WARMUP_MAX_TOKENS, response_figures
+from ._spec import (
+    ENGINE_MAX_NUM_BATCHED_TOKENS,
+    ENGINE_MAX_NUM_SEQS,
+    BenchRequest,
+    RequestFigures,
+    RunSpec,
+)
+
+
+def engine_args(spec: RunSpec) -> dict[str, Any]:
+    """vLLM engine arguments shared by ``inline`` and ``vllm-offline``."""
+    return {
+        "served_model_name": spec.model_name,
+        "max_model_len": spec.max_model_len,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": spec.kv_cache_gib << 30,
+        "max_num_seqs": ENGINE_MAX_NUM_SEQS,
+        "max_num_batched_tokens": ENGINE_MAX_NUM_BATCHED_TOKENS,
+    }
+
+
+async def run_inline(
+    spec: RunSpec, requests: Sequence[BenchRequest], client: Any = None
+) -> tuple[list[RequestFigures], float]:
+    """``inline``: one ``VLLMBatchInference.batch_chat_completion`` call over every request.
+    ``client``: an already open ``VLLMBatchInference`` to use instead of starting one (tests
+    reuse their session engine this way)."""
+    from ..inline import VLLMBatchInference
+
+    if client is not None:
+        return await _inline_call(client, spec, requests)
+    async with VLLMBatchInference(spec.model_path, **engine_args(spec)) as own:
+        return await _inline_call(own, spec, requests)
+
+
+async def _inline_call(
+    client: Any, spec: RunSpec, requests: Sequence[BenchRequest]
+) -> tuple[list[RequestFigures], float]:
+    from ..types import SamplingParams
+
+    if spec.warmup:
+        await client.batch_chat_completion(
+            spec.model_name, WARMUP, SamplingParams(max_tokens=WARMUP_MAX_TOKENS)
+        )
+    params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+    started = time.perf_counter()
+    result = await client.batch_chat_completion(
+        spec.model_name,
+        [r.messages for r in requests],
+        params,
+        custom_ids=[r.custom_id for r in requests],
+    )
+    wall = time.perf_counter() - started
+    return [response_figures(item) for item in result.batch], wall
+
+
+def run_vllm_offline(
+    spec: RunSpec, requests: Sequence[BenchRequest]
+) -> tuple[list[RequestFigures], float]:
+    """``vllm-offline``: ``vllm.LLM.chat(conversations, sampling_params)`` with one
+    ``SamplingParams(max_tokens=..., temperature=0, ignore_eos=True)`` per conversation. The
+    offline API gives no per-request timings (without vLLM's stat loggers), so no latency or
+    time to first token."""
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+
+    llm = LLM(model=spec.model_path, **engine_args(spec))
+    if spec.warmup:
+        llm.chat(
+            WARMUP,  # type: ignore[arg-type]
+            VllmSamplingParams(max_tokens=WARMUP_MAX_TOKENS, temperature=0),
+            use_tqdm=False,
+        )
+    params = [
+        VllmSamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True)
+        for r in requests
+    ]
+    started = time.perf_counter()
+    outputs = llm.chat([r.messages for r in requests], params, use_tqdm=False)  # type: ignore[arg-type]
+    wall = time.perf_counter() - started
+    return [_output_figures(o) for o in outputs], wall
+
+
+def _output_figures(output: Any) -> RequestFigures:
+    completion = output.outputs[0] if output.outputs else None
+    if completion is None:
+        return RequestFigures(error="no output")
+    return RequestFigures(
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        output_tokens=len(completion.token_ids),
+    )
