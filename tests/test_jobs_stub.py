@@ -264,7 +264,7 @@ async def test_c08_server_killed_after_5_completions_keeps_finished_results(
 ) -> None:
     stub = StubServer(latency_s=0.05, jitter_s=0.6).start()
     try:
-        async with client(stub, tmp_path, max_concurrency=8, max_retries=1) as c:
+        async with client(stub, tmp_path, max_concurrency=8, max_retries=1, timeout=10.0) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(40)]))
             job_id = (await c.schedule_batch(record.id)).job_id
             await until(lambda: _completed_at_least(c, job_id, 5), within=30, every=0.01)
