@@ -39,24 +39,33 @@ async def run_remote(
     ``RemoteBatchInference.batch_chat_completion`` call with a fixed in-flight limit
     (``adaptive=False``: the limit is the one asked for)."""
     from ..remote import RemoteBatchInference
-    from ..types import SamplingParams
 
     async with RemoteBatchInference(
         spec.base_url, max_concurrency=spec.concurrency, adaptive=False
     ) as client:
-        if spec.warmup:
-            await client.batch_chat_completion(
-                spec.model_name, WARMUP, SamplingParams(max_tokens=WARMUP_MAX_TOKENS)
-            )
-        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
-        started = time.perf_counter()
-        result = await client.batch_chat_completion(
-            spec.model_name,
-            [r.messages for r in requests],
-            params,
-            custom_ids=[r.custom_id for r in requests],
+        return await timed_batch(client, spec, requests)
+
+
+async def timed_batch(
+    client: Any, spec: RunSpec, requests: Sequence[BenchRequest]
+) -> tuple[list[RequestFigures], float]:
+    """Warm ``client`` up (when asked), then time one ``batch_chat_completion`` over every
+    request (greedy, ``ignore_eos``); any batchclient provider."""
+    from ..types import SamplingParams
+
+    if spec.warmup:
+        await client.batch_chat_completion(
+            spec.model_name, WARMUP, SamplingParams(max_tokens=WARMUP_MAX_TOKENS)
         )
-        wall = time.perf_counter() - started
+    params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+    started = time.perf_counter()
+    result = await client.batch_chat_completion(
+        spec.model_name,
+        [r.messages for r in requests],
+        params,
+        custom_ids=[r.custom_id for r in requests],
+    )
+    wall = time.perf_counter() - started
     return [response_figures(item) for item in result.batch], wall
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._client_modes import WARMUP, WARMUP_MAX_TOKENS, response_figures
+from ._client_modes import WARMUP, WARMUP_MAX_TOKENS, timed_batch
 from ._spec import (
     ENGINE_MAX_NUM_BATCHED_TOKENS,
     ENGINE_MAX_NUM_SEQS,
@@ -45,30 +45,9 @@ async def run_inline(
     from ..inline import VLLMBatchInference
 
     if client is not None:
-        return await _inline_call(client, spec, requests)
+        return await timed_batch(client, spec, requests)
     async with VLLMBatchInference(spec.model_path, **engine_args(spec)) as own:
-        return await _inline_call(own, spec, requests)
-
-
-async def _inline_call(
-    client: Any, spec: RunSpec, requests: Sequence[BenchRequest]
-) -> tuple[list[RequestFigures], float]:
-    from ..types import SamplingParams
-
-    if spec.warmup:
-        await client.batch_chat_completion(
-            spec.model_name, WARMUP, SamplingParams(max_tokens=WARMUP_MAX_TOKENS)
-        )
-    params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
-    started = time.perf_counter()
-    result = await client.batch_chat_completion(
-        spec.model_name,
-        [r.messages for r in requests],
-        params,
-        custom_ids=[r.custom_id for r in requests],
-    )
-    wall = time.perf_counter() - started
-    return [response_figures(item) for item in result.batch], wall
+        return await timed_batch(own, spec, requests)
 
 
 def run_vllm_offline(
