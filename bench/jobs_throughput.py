@@ -32,7 +32,7 @@ import anyio
 
 from _jobs_common import save, stub_process
 from batchclient import RemoteBatchInference, SamplingParams
-from batchclient._wire import build_body
+from batchclient._core.encode import build_body
 from batchclient.types import coerce_messages
 
 
@@ -77,7 +77,7 @@ async def measure(url: str, n: int, repeats: int, max_tokens: int) -> dict[str, 
                         upload_s.append(time.perf_counter() - started)
                         started = time.perf_counter()
                         job = await client.schedule_batch(record.id)
-                        info = await client.job_wait(job.job_id)
+                        info = await client.batches.wait(job.job_id)
                         job_s.append(time.perf_counter() - started)
                         assert info.request_counts.completed == n, info.request_counts
     batch_med, job_med = statistics.median(batch_s), statistics.median(job_s)

@@ -43,7 +43,7 @@ async def run(url: str, seconds: float) -> dict[str, Any]:
         async def watch() -> None:
             while True:
                 limits.append(
-                    (round(time.monotonic() - started, 2), client._concurrency_limit() or 0)
+                    (round(time.monotonic() - started, 2), client.provider.concurrency_limit() or 0)
                 )
                 await asyncio.sleep(0.1)
 

@@ -44,7 +44,7 @@ async def run_client(url: str, n: int, in_flight: int) -> dict[str, float]:
         wall, cpu = time.perf_counter(), time.process_time()
         result = await client.batch_chat_completion("smollm2", messages)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        limit = client._concurrency_limit()
+        limit = client.provider.concurrency_limit()
     errors = len(result.errors)
     if errors:
         raise SystemExit(f"{errors} requests failed: {result.errors[0]}")

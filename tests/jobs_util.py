@@ -11,7 +11,9 @@ from typing import Any
 
 import anyio
 
-FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}
+from batchclient.remote import RetryPolicy
+
+FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 
 def line(cid: str, text: str, **body: Any) -> str:

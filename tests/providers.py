@@ -17,8 +17,7 @@ from typing import Any
 import anyio
 from transformers import AutoTokenizer
 
-from batchclient import RemoteBatchInference, SamplingParams
-from batchclient._client import BaseBatchClient
+from batchclient import BatchClient, RemoteBatchInference, SamplingParams
 from batchclient.models import bundled_model_path
 
 MODEL = "smollm2"
@@ -51,17 +50,17 @@ def _server_running_requests(base_url: str) -> float:
 @dataclass
 class Provider:
     name: str
-    open: Callable[[], contextlib.AbstractAsyncContextManager[BaseBatchClient]]
-    assert_idle: Callable[[BaseBatchClient], Any]  # async: the engine's own counts say idle
+    open: Callable[[], contextlib.AbstractAsyncContextManager[BatchClient]]
+    assert_idle: Callable[[BatchClient], Any]  # async: the engine's own counts say idle
 
 
 def remote_provider(base_url: str) -> Provider:
     @contextlib.asynccontextmanager
-    async def open_client() -> AsyncIterator[BaseBatchClient]:
+    async def open_client() -> AsyncIterator[BatchClient]:
         async with RemoteBatchInference(base_url, max_concurrency=64) as client:
             yield client
 
-    async def assert_idle(_client: BaseBatchClient) -> None:
+    async def assert_idle(_client: BatchClient) -> None:
         # The server aborts a request when its client disconnects.
         deadline = time.monotonic() + 15
         while _server_running_requests(base_url) > 0 and time.monotonic() < deadline:
@@ -73,10 +72,10 @@ def remote_provider(base_url: str) -> Provider:
 
 def inline_provider(client: Any) -> Provider:
     @contextlib.asynccontextmanager
-    async def open_client() -> AsyncIterator[BaseBatchClient]:
+    async def open_client() -> AsyncIterator[BatchClient]:
         yield client  # the session's engine: never closed here
 
-    async def assert_idle(_client: BaseBatchClient) -> None:
+    async def assert_idle(_client: BatchClient) -> None:
         # The engine core reports its scheduler's counts with each step's output, so run one
         # tiny request: when it comes back the last report is fresh. Requests that were not
         # aborted would still be running (they asked for 1,500 tokens).
@@ -85,6 +84,10 @@ def inline_provider(client: Any) -> Provider:
             MODEL, [hi], sampling_params=SamplingParams(max_tokens=2)
         )
         assert probe.batch[0].error is None
-        assert client._engine_counts() == (0, 0, 0)  # (front end unfinished, running, waiting)
+        assert client.provider.engine_counts() == (
+            0,
+            0,
+            0,
+        )  # (front end unfinished, running, waiting)
 
     return Provider("inline", open_client, assert_idle)

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from batchclient._bench import _args, _report, _run
-from batchclient._bench._data import jsonl_requests
-from batchclient._bench._engine_modes import run_inline
-from batchclient._bench._spec import BenchRequest, RunFigures, RunSpec
-from batchclient._bench._stats import ModeRow, add_ratios, bars, percentile, run_row
 from batchclient.cli import main
+from batchclient.cli._bench import _args, _report, _run
+from batchclient.cli._bench._data import jsonl_requests
+from batchclient.cli._bench._engine_modes import run_inline
+from batchclient.cli._bench._spec import BenchRequest, RunFigures, RunSpec
+from batchclient.cli._bench._stats import ModeRow, add_ratios, bars, percentile, run_row
 from batchclient.errors import ConfigurationError
 
 HAS_LITELLM = importlib.util.find_spec("litellm") is not None

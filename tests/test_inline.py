@@ -16,11 +16,12 @@ from openai.types.chat import ChatCompletion
 from batchclient import (
     LogProbConfig,
     ModelNotFoundError,
+    Request,
     SamplingParams,
     StopReason,
     VLLMBatchInference,
 )
-from batchclient._wire import ChatRequest, to_response
+from batchclient._core.decode import to_response
 from batchclient.models import bundled_model_path
 
 pytestmark = pytest.mark.engine
@@ -31,7 +32,7 @@ HI = [{"role": "user", "content": "Say hi."}]
 
 async def run_body(client: VLLMBatchInference, index: int, body: dict[str, Any]) -> Any:
     """One raw OpenAI body through the provider, as jobs send them."""
-    return await client._execute(ChatRequest(index=index, body=body))
+    return await client.provider.execute(Request(index=index, body=body))
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -139,7 +140,7 @@ async def test_request_ids_are_unique_and_not_the_callers(
     assert len(set(ids)) == 3
     assert all(r.body["id"] == f"chatcmpl-{r.request_id}" for r in results)
     other = VLLMBatchInference()  # never started: only its id prefix matters
-    assert not any(i.startswith(other._id_prefix) for i in ids)
+    assert not any(i.startswith(other.provider._id_prefix) for i in ids)
 
 
 @pytest.mark.parametrize(
@@ -286,7 +287,7 @@ async def test_the_window_bounds_requests_in_the_engine(
     async def watch() -> None:
         nonlocal peak
         while not done:
-            peak = max(peak, inline_client._engine_counts()[0])
+            peak = max(peak, inline_client.provider.engine_counts()[0])
             await anyio.sleep(0.01)
 
     conversations = [[{"role": "user", "content": f"Number {i}?"}] for i in range(120)]
@@ -297,12 +298,12 @@ async def test_the_window_bounds_requests_in_the_engine(
         )
         done = True
     assert not result.errors
-    assert peak == inline_client.max_concurrency == 48
+    assert peak == inline_client.provider.max_concurrency == 48
 
 
 async def test_to_response_maps_finish_reasons(inline_client: VLLMBatchInference) -> None:
-    request = ChatRequest(index=0, body=body(max_tokens=2))
-    response = to_response(request, await inline_client._execute(request))
+    request = Request(index=0, body=body(max_tokens=2))
+    response = to_response(request, await inline_client.provider.execute(request))
     assert response.completion_message is not None
     assert response.completion_message.stop_reason == StopReason.out_of_tokens
     logprobs = await inline_client.batch_chat_completion(

@@ -29,7 +29,7 @@ async def run_job(url: str, state: Path, lines: list[str]) -> tuple[Any, Any, di
         record = await c.files.create(jsonl(lines))
         job_id = (await c.schedule_batch(record.id)).job_id
         with anyio.fail_after(300):
-            job = await c.job_wait(job_id)
+            job = await c.batches.wait(job_id)
         result = await c.job_result(job_id)
         files = {}
         for kind, file_id in (("output", job.output_file_id), ("error", job.error_file_id)):

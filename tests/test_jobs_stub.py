@@ -14,20 +14,24 @@ import anyio
 import pytest
 
 from batchclient import (
+    BatchClient,
     ErrorCode,
     FileNotFoundInStoreError,
     JobNotFoundError,
     JobStateError,
     JobStatus,
     RemoteBatchInference,
+    Request,
+    Result,
+    failed,
 )
-from batchclient._wire import ChatRequest, ChatResult, failed
+from batchclient.remote import RemoteProvider
 from batchclient.testing import Fault, StubReply, StubServer
-from batchclient.types import BatchJob, JobErrorEntry
+from batchclient.types import Batch, BatchError
 from jobs_util import FAST, jsonl, line, until
 
 
-def entries(job: BatchJob) -> list[JobErrorEntry]:
+def entries(job: Batch) -> list[BatchError]:
     """The validation errors of a job (OpenAI shape: ``errors.data``)."""
     return job.errors.data if job.errors else []
 
@@ -40,7 +44,7 @@ async def run_file(c: RemoteBatchInference, lines: list[str], **kw: Any) -> Any:
     record = await c.files.create(jsonl(lines))
     job = await c.schedule_batch(record.id, **kw)
     with anyio.fail_after(60):
-        return await c.job_wait(job.job_id)
+        return await c.batches.wait(job.job_id)
 
 
 async def lines_of(c: RemoteBatchInference, file_id: str | None) -> list[dict[str, Any]]:
@@ -64,7 +68,7 @@ async def test_job_end_to_end_output_in_openai_format(tmp_path: Path) -> None:
             result = await c.job_result(job.id)
             assert await c.job_status(job.id) == JobStatus.completed
             assert await c.job_status("batch_nope") is None
-            listed = await c.list_jobs()
+            listed = await c.batches.list()
     assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(60)]
     for i, row in enumerate(out):
         assert set(row) == {"id", "custom_id", "response", "error"} and row["error"] is None
@@ -102,7 +106,7 @@ async def test_files_api(tmp_path: Path) -> None:
             with pytest.raises(FileNotFoundInStoreError):
                 await c.schedule_batch("file-missing")
             with pytest.raises(JobNotFoundError):
-                await c.job_info("batch_missing")
+                await c.batches.retrieve("batch_missing")
             assert (await c.files.path(from_path.id)).read_bytes() == src.read_bytes()
 
 
@@ -143,7 +147,7 @@ async def test_c02_blank_lines_in_a_job(tmp_path: Path) -> None:
     with StubServer() as stub:
         async with client(stub, tmp_path) as c:
             record = await c.files.create(data)
-            job = await c.job_wait((await c.schedule_batch(record.id)).job_id)
+            job = await c.batches.wait((await c.schedule_batch(record.id)).job_id)
             empty = await run_file(c, ["", "  "])
     assert job.status == "completed" and job.request_counts.total == 2
     assert empty.status == "failed" and [e.code for e in entries(empty)] == ["empty_file"]
@@ -182,10 +186,10 @@ async def test_c03_and_c04_refused_files_list_every_bad_line(tmp_path: Path) -> 
 # ------------------------------------------------------------------------------ C06
 
 
-class RefusingClient(RemoteBatchInference):
+class RefusingProvider(RemoteProvider):
     """A provider that cannot honour ``logit_bias`` and says so, as providers must (C06)."""
 
-    async def _execute(self, request: ChatRequest) -> ChatResult:
+    async def execute(self, request: Request) -> Result:
         if "logit_bias" in request.body:
             return failed(
                 ErrorCode.unsupported_parameter,
@@ -193,12 +197,12 @@ class RefusingClient(RemoteBatchInference):
                 status_code=400,
                 param="logit_bias",
             )
-        return await super()._execute(request)
+        return await super().execute(request)
 
 
 async def test_c06_unsupported_fields_reach_the_error_file_and_the_result(tmp_path: Path) -> None:
     with StubServer() as stub:
-        async with RefusingClient(stub.url, state_dir=tmp_path) as c:
+        async with BatchClient(RefusingProvider(stub.url), state_dir=tmp_path) as c:
             job = await run_file(c, [line("ok", "x"), line("lb", "y", logit_bias={"1": 5})])
             streamed = await run_file(c, [line("s", "z", stream=True)])
             errors = await lines_of(c, job.error_file_id)
@@ -224,15 +228,15 @@ async def test_c07_c08_cancel_stops_in_flight_work_and_keeps_finished_results(
         async with client(stub, tmp_path, max_concurrency=16) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"long {i}") for i in range(200)]))
             job_id = (await c.schedule_batch(record.id)).job_id
-            await until(lambda: c.job_info(job_id), within=10)
+            await until(lambda: c.batches.retrieve(job_id), within=10)
             await until(lambda: _completed_at_least(c, job_id, 5), within=30, every=0.01)
             started = time.monotonic()
             await c.job_cancel(job_id)
             took = time.monotonic() - started
-            job = await c.job_info(job_id)
+            job = await c.batches.retrieve(job_id)
             await until(lambda: stub.stats.in_flight == 0, within=3)
             await anyio.sleep(0.5)
-            later = await c.job_info(job_id)
+            later = await c.batches.retrieve(job_id)
             result = await c.job_result(job_id)
             out = await lines_of(c, job.output_file_id)
             errors = await lines_of(c, job.error_file_id)
@@ -256,7 +260,7 @@ async def test_c07_c08_cancel_stops_in_flight_work_and_keeps_finished_results(
 
 
 async def _completed_at_least(c: RemoteBatchInference, job_id: str, n: int) -> bool:
-    return (await c.job_info(job_id)).request_counts.completed >= n
+    return (await c.batches.retrieve(job_id)).request_counts.completed >= n
 
 
 async def test_c08_server_killed_after_5_completions_keeps_finished_results(
@@ -270,7 +274,7 @@ async def test_c08_server_killed_after_5_completions_keeps_finished_results(
             await until(lambda: _completed_at_least(c, job_id, 5), within=30, every=0.01)
             await anyio.to_thread.run_sync(stub.kill)
             with anyio.fail_after(60):
-                job = await c.job_wait(job_id)
+                job = await c.batches.wait(job_id)
             result = await c.job_result(job_id)
             out = await lines_of(c, job.output_file_id)
             errors = await lines_of(c, job.error_file_id)
@@ -315,7 +319,7 @@ async def test_counts_only_grow_and_never_exceed_total(tmp_path: Path) -> None:
             job_id = (await c.schedule_batch(record.id)).job_id
             seen = []
             while True:
-                job = await c.job_info(job_id)
+                job = await c.batches.retrieve(job_id)
                 seen.append(job.request_counts)
                 if job.status == "completed":
                     break
@@ -395,10 +399,10 @@ async def test_c12_leaving_the_block_pauses_and_the_next_client_resumes(tmp_path
             await until(lambda: _completed_at_least(c, job_id, 100), within=30, every=0.01)
         paused = None
         async with client(stub, tmp_path, max_concurrency=1, check_model=False) as other:
-            paused = await other.job_info(job_id)  # no base_url match: not resumed
+            paused = await other.batches.retrieve(job_id)  # no base_url match: not resumed
         async with client(stub, tmp_path, max_concurrency=8) as c:
             with anyio.fail_after(60):
-                job = await c.job_wait(job_id)
+                job = await c.batches.wait(job_id)
             result = await c.job_result(job_id)
     assert paused is not None and paused.status == "in_progress"
     assert job.status == "completed" and job.request_counts.completed == 300
@@ -421,7 +425,7 @@ async def test_a_live_job_is_not_taken_over_and_can_be_cancelled_from_another_cl
                 started = time.monotonic()
                 await second.job_cancel(job_id)
                 took = time.monotonic() - started
-            job = await owner.job_info(job_id)
+            job = await owner.batches.retrieve(job_id)
     assert job.status == "cancelled" and took < 5
     texts = [b["messages"][0]["content"] for b in stub.stats.bodies]
     assert len(texts) == len(set(texts))  # nothing was run twice
@@ -437,7 +441,7 @@ async def test_a_job_resumed_after_its_window_expires_at_once(tmp_path: Path) ->
         async with client(stub, tmp_path, max_concurrency=2) as c:
             sent = stub.stats.requests
             with anyio.fail_after(10):
-                job = await c.job_wait(job_id)
+                job = await c.batches.wait(job_id)
             errors = await lines_of(c, job.error_file_id)
     assert job.status == "expired" and stub.stats.requests == sent
     assert job.request_counts.completed + job.request_counts.failed == 20
@@ -452,7 +456,7 @@ async def test_job_calls_need_an_open_client_and_match_the_protocol(tmp_path: Pa
     with pytest.raises(ClientClosedError, match="async with"):
         await c.files.create(b"x")
     with pytest.raises(ClientClosedError):
-        await c.job_info("batch_x")
+        await c.batches.retrieve("batch_x")
     assert not (tmp_path / "batchclient.sqlite3").exists()  # nothing created until used
 
 
@@ -472,5 +476,5 @@ async def test_client_entered_and_closed_in_different_tasks(tmp_path: Path) -> N
         assert sent < 40  # paused, not finished
         async with client(stub, tmp_path) as again:
             with anyio.fail_after(60):
-                done = await again.job_wait(job.job_id)
+                done = await again.batches.wait(job.job_id)
         assert done.status == "completed" and done.request_counts.completed == 40

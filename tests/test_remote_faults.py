@@ -10,9 +10,10 @@ import pytest
 
 from batchclient import ModelNotFoundError, RemoteBatchInference, SamplingParams
 from batchclient.errors import BatchFailedError
+from batchclient.remote import RetryPolicy
 from batchclient.testing import Fault, StubReply, StubServer
 
-FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}
+FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 
 def convo(text: str) -> list[dict[str, str]]:

@@ -19,10 +19,11 @@ from batchclient import (
     RemoteEndpoint,
     SamplingParams,
 )
-from batchclient import _stub as stub_module  # the stub's text and Retry-After helpers
+from batchclient.remote import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy
 from batchclient.testing import Fault, StubReply, StubServer
+from batchclient.testing import _stub as stub_module  # the stub's text and Retry-After helpers
 
-FAST = {"backoff_initial_s": 0.02, "backoff_max_s": 0.1}
+FAST = {"retry": RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)}
 
 
 def convo(text: str) -> list[dict[str, str]]:
@@ -50,7 +51,9 @@ def lane(client: RemoteBatchInference, url: str | None = None, model: str = "smo
 async def test_lesson01_a_real_429_backs_off_whatever_its_body_says(body: Any) -> None:
     reply = StubReply(status=429, raw=body) if isinstance(body, bytes) else StubReply(429, body)
     with StubServer(faults=[Fault(reply, last_attempt=1)]) as stub:
-        async with RemoteBatchInference(stub.url, initial_concurrency=8, **FAST) as client:
+        async with RemoteBatchInference(
+            stub.url, adaptive=AdaptiveConcurrency(initial=8), **FAST
+        ) as client:
             result = await client.batch_chat_completion("smollm2", [convo("a"), convo("b")])
             stats = lane(client)
     assert [r.text for r in result.batch] == ["echo: a", "echo: b"]
@@ -75,7 +78,7 @@ async def test_lesson02_retry_after_pauses_new_dispatches_to_the_endpoint() -> N
 
     with StubServer(latency_s=0.05, handler=handler) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, initial_concurrency=8, adaptive=False, **FAST
+            stub.url, max_concurrency=8, adaptive=False, **FAST
         ) as client:
             batch = [convo("trigger")] + [convo(f"n{i}") for i in range(80)]
             result = await client.batch_chat_completion("smollm2", batch)
@@ -104,10 +107,9 @@ async def test_lesson03_steady_retry_after_still_reaches_the_minimum_and_recover
     with StubServer(latency_s=0.02, faults=[storm]) as stub:
         async with RemoteBatchInference(
             stub.url,
-            initial_concurrency=16,
-            min_concurrency=2,
-            decrease_factor=0.5,
-            cooldown_s=0.3,
+            adaptive=AdaptiveConcurrency(
+                initial=16, minimum=2, decrease_factor=0.5, cooldown_s=0.3
+            ),
             max_retries=20,
             **FAST,
         ) as client:
@@ -194,7 +196,7 @@ async def test_lesson06_adaptive_limits_are_per_endpoint_and_model() -> None:
         StubServer(models=models) as calm,
     ):
         async with RemoteBatchInference(
-            [hot.url, calm.url], initial_concurrency=8, **FAST
+            [hot.url, calm.url], adaptive=AdaptiveConcurrency(initial=8), **FAST
         ) as client:
             async with anyio.create_task_group() as tg:
                 for model in models:
@@ -253,7 +255,9 @@ async def test_lesson09_rpm_holds_across_concurrent_calls_on_one_client() -> Non
         arrivals.append(time.monotonic())
 
     with StubServer(handler=record) as stub:
-        async with RemoteBatchInference(stub.url, rpm=10, rate_period_s=1.0) as client:
+        async with RemoteBatchInference(
+            stub.url, rpm=10, rate_limits=RateLimits(period_s=1.0)
+        ) as client:
             started = time.monotonic()
             async with anyio.create_task_group() as tg:
                 for call in range(2):
@@ -274,7 +278,9 @@ async def test_lesson09_tpm_estimates_are_settled_with_real_usage() -> None:
     front, so without settling only about 2 could start per second. The stub's answers use a
     handful of tokens; refunding the difference lets the 20 requests through quickly."""
     with StubServer(latency_s=0.02) as stub:
-        async with RemoteBatchInference(stub.url, tpm=2000, rate_period_s=1.0) as client:
+        async with RemoteBatchInference(
+            stub.url, tpm=2000, rate_limits=RateLimits(period_s=1.0)
+        ) as client:
             started = time.monotonic()
             result = await client.batch_chat_completion(
                 "smollm2",
@@ -289,7 +295,7 @@ async def test_lesson09_tpm_estimates_are_settled_with_real_usage() -> None:
 async def test_lesson09_the_output_token_estimate_learns_from_usage() -> None:
     with StubServer() as stub:
         async with RemoteBatchInference(
-            stub.url, tpm=1_000_000, initial_output_tokens=256
+            stub.url, tpm=1_000_000, rate_limits=RateLimits(initial_output_tokens=256)
         ) as client:
             assert lane_estimate(client) is None
             result = await client.batch_chat_completion(
@@ -320,7 +326,7 @@ async def test_lesson10_timeouts_count_from_dispatch_not_from_queueing() -> None
                 "smollm2", [convo(f"n{i}") for i in range(10)]
             )
         async with RemoteBatchInference(
-            stub.url, rpm=4, rate_period_s=1.0, timeout=0.5, max_retries=0
+            stub.url, rpm=4, rate_limits=RateLimits(period_s=1.0), timeout=0.5, max_retries=0
         ) as client:
             limited = await client.batch_chat_completion(
                 "smollm2", [convo(f"r{i}") for i in range(8)]
@@ -337,7 +343,11 @@ async def test_lesson20_a_dead_endpoint_is_ejected_and_later_batches_avoid_it() 
     stubs = [StubServer(latency_s=0.02).start() for _ in range(3)]
     try:
         async with RemoteBatchInference(
-            [s.url for s in stubs], max_concurrency=8, eject_s=30.0, timeout=10.0, **FAST
+            [s.url for s in stubs],
+            max_concurrency=8,
+            ejection=Ejection(duration_s=30.0),
+            timeout=10.0,
+            **FAST,
         ) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
@@ -389,7 +399,7 @@ async def test_lesson20_all_endpoints_down_gives_clear_errors_fast() -> None:
     for s in dead:
         s.kill()
     async with RemoteBatchInference(
-        urls, max_retries=3, eject_after=2, eject_s=0.2, check_model=False, **FAST
+        urls, max_retries=3, ejection=Ejection(after=2, duration_s=0.2), check_model=False, **FAST
     ) as client:
         with anyio.fail_after(10):
             result = await client.batch_chat_completion(
@@ -415,7 +425,9 @@ async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
         assert 25 <= small.stats.requests <= 55  # about 2/8 of 160
         with StubServer() as limited:
             endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]
-            async with RemoteBatchInference(endpoints, rate_period_s=1.0) as client:
+            async with RemoteBatchInference(
+                endpoints, rate_limits=RateLimits(period_s=1.0)
+            ) as client:
                 started = time.monotonic()
                 await client.batch_chat_completion("smollm2", [convo(f"r{i}") for i in range(60)])
                 elapsed = time.monotonic() - started
@@ -437,7 +449,11 @@ async def test_a_retry_after_a_connection_error_prefers_another_endpoint() -> No
 async def test_an_endpoint_answering_5xx_repeatedly_is_ejected() -> None:
     with StubServer(faults=[Fault(StubReply(status=500))]) as broken, StubServer() as good:
         async with RemoteBatchInference(
-            [broken.url, good.url], max_concurrency=2, adaptive=False, eject_s=60, **FAST
+            [broken.url, good.url],
+            max_concurrency=2,
+            adaptive=False,
+            ejection=Ejection(duration_s=60),
+            **FAST,
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", [convo(f"n{i}") for i in range(40)]
@@ -478,12 +494,15 @@ async def test_c13_429_with_retry_after_seconds_date_and_none() -> None:
         # and serialises the run behind the endpoint's pauses. A 10 s cool-down and a floor of
         # 4 keep the case at ~25 s; it passes with the defaults too, only slower.
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, min_concurrency=4, cooldown_s=10.0, **FAST
+            stub.url,
+            max_concurrency=8,
+            adaptive=AdaptiveConcurrency(minimum=4, cooldown_s=10.0),
+            **FAST,
         ) as client:
 
             async def watch() -> None:
                 while True:
-                    limits.append(client._concurrency_limit() or 0)
+                    limits.append(client.provider.concurrency_limit() or 0)
                     await anyio.sleep(0.05)
 
             async with anyio.create_task_group() as tg:

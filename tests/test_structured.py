@@ -32,7 +32,7 @@ from batchclient import (
     TopPSamplingStrategy,
     UserMessage,
 )
-from batchclient._wire import tool_to_wire
+from batchclient._core.encode import tool_to_wire
 from providers import MODEL, Provider, prompt_tokens
 
 PERSON = {

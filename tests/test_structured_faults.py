@@ -18,8 +18,8 @@ from batchclient import (
     ToolDefinition,
     ToolParamDefinition,
 )
-from batchclient._stub import completion_body
 from batchclient.testing import StubReply, StubServer
+from batchclient.testing._stub import completion_body
 
 WEATHER = ToolDefinition(
     tool_name="get_weather",

@@ -1,13 +1,14 @@
 """batchclient: batch inference for LLM evaluations.
 
-One protocol, :class:`BatchInference`, over interchangeable providers:
+One protocol, :class:`BatchInference`, over interchangeable providers (:class:`Provider`):
 
-- :class:`RemoteBatchInference`: concurrency-limited fan-out to any OpenAI-compatible endpoint;
-- :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything).
+- :class:`RemoteBatchInference`: concurrency-limited fan-out to OpenAI-compatible endpoints;
+- :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything);
+- :class:`BatchClient`: the same protocol over a provider of your own.
 
-Both also run OpenAI batch JSONL files as durable, resumable jobs (``files``,
-``schedule_batch``, ``job_status``, ``job_info``, ``job_cancel``, ``job_result``; guide:
-``docs/jobs.md``) and the ``batchclient`` command runs them from the shell.
+Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
+``batches``, ``schedule_batch``, ``job_status``, ``job_cancel``, ``job_result``; guide:
+``docs/jobs.md``), and the ``batchclient`` command runs them from the shell.
 
     async with RemoteBatchInference("http://127.0.0.1:8000/v1") as client:
         result = await client.batch_chat_completion(
@@ -16,6 +17,18 @@ Both also run OpenAI batch JSONL files as durable, resumable jobs (``files``,
         )
 """
 
+from ._core.client import (
+    BatchClient,
+)
+from ._core.provider import (
+    Provider,
+)
+from ._core.request import (
+    Request,
+    Result,
+    failed,
+    item_error,
+)
 from .errors import (
     BatchClientError,
     BatchFailedError,
@@ -29,33 +42,59 @@ from .errors import (
     JobStateError,
     ModelNotFoundError,
 )
-from .inline import VLLMBatchInference
-from .protocol import BatchInference
-from .remote import RemoteBatchInference, RemoteEndpoint
+from .inline import (
+    VLLMBatchInference,
+    VLLMProvider,
+)
+from .jobs import (
+    Batches,
+    Files,
+)
+from .protocol import (
+    BatchInference,
+)
+from .remote import (
+    AdaptiveConcurrency,
+    Ejection,
+    RateLimits,
+    RemoteBatchInference,
+    RemoteEndpoint,
+    RemoteProvider,
+    RetryPolicy,
+    Timeouts,
+)
 from .types import (
+    Batch,
     BatchChatCompletionResponse,
+    BatchError,
+    BatchErrors,
     BatchItemError,
-    BatchJob,
+    BatchOptions,
     BatchProgress,
+    BatchRequestCounts,
+    BatchStatus,
+    BatchUsage,
     ChatCompletionResponse,
     CompletionMessage,
+    Endpoint,
+    FileDeleted,
     FileObject,
     GrammarResponseFormat,
     GreedySamplingStrategy,
+    ImageContentItem,
     Job,
-    JobErrorEntry,
-    JobErrors,
-    JobRequestCounts,
     JobStatus,
-    JobUsage,
     JsonSchemaResponseFormat,
     LogProbConfig,
     Message,
+    MessageLike,
     MetricInResponse,
+    ProgressCallback,
     ResponseFormat,
     SamplingParams,
     StopReason,
     SystemMessage,
+    TextContentItem,
     TokenLogProbs,
     ToolCall,
     ToolChoice,
@@ -71,43 +110,63 @@ from .types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveConcurrency",
+    "Batch",
     "BatchChatCompletionResponse",
+    "BatchClient",
     "BatchClientError",
+    "BatchError",
+    "BatchErrors",
     "BatchFailedError",
     "BatchInference",
     "BatchItemError",
-    "BatchJob",
+    "BatchOptions",
     "BatchProgress",
+    "BatchRequestCounts",
+    "BatchStatus",
+    "BatchUsage",
+    "Batches",
     "ChatCompletionResponse",
     "ClientClosedError",
     "CompletionMessage",
     "ConfigurationError",
+    "Ejection",
+    "Endpoint",
     "EndpointError",
     "ErrorCode",
+    "FileDeleted",
     "FileNotFoundInStoreError",
     "FileObject",
+    "Files",
     "GrammarResponseFormat",
     "GreedySamplingStrategy",
+    "ImageContentItem",
     "Job",
     "JobError",
-    "JobErrorEntry",
-    "JobErrors",
     "JobNotFoundError",
-    "JobRequestCounts",
     "JobStateError",
     "JobStatus",
-    "JobUsage",
     "JsonSchemaResponseFormat",
     "LogProbConfig",
     "Message",
+    "MessageLike",
     "MetricInResponse",
     "ModelNotFoundError",
+    "ProgressCallback",
+    "Provider",
+    "RateLimits",
     "RemoteBatchInference",
     "RemoteEndpoint",
+    "RemoteProvider",
+    "Request",
     "ResponseFormat",
+    "Result",
+    "RetryPolicy",
     "SamplingParams",
     "StopReason",
     "SystemMessage",
+    "TextContentItem",
+    "Timeouts",
     "TokenLogProbs",
     "ToolCall",
     "ToolChoice",
@@ -119,5 +178,8 @@ __all__ = [
     "TopPSamplingStrategy",
     "UserMessage",
     "VLLMBatchInference",
+    "VLLMProvider",
     "__version__",
+    "failed",
+    "item_error",
 ]

@@ -3,8 +3,9 @@
 They follow the types of the original "Batch Inference Support" request, i.e. Llama Stack's
 ``llama_stack/apis/inference/inference.py`` of v0.1.5 (see ``docs/design.md``), with three
 additions every batch user needs: ``ChatCompletionResponse.error`` (a per-item failure),
-``ChatCompletionResponse.custom_id`` (the caller's id for the item) and the richer job record
-``BatchJob`` in the OpenAI Batch API shape.
+``ChatCompletionResponse.custom_id`` (the caller's id for the item) and the job records in the
+OpenAI Batch API's shapes, named as the openai SDK names them (``Batch``, ``BatchError``,
+``BatchRequestCounts``, ``BatchUsage``, ``FileObject``, ``FileDeleted``).
 
 Plain OpenAI-style dict messages (``{"role": "user", "content": "..."}``) are accepted wherever a
 ``Message`` is: :func:`coerce_messages` turns them into the typed form.
@@ -12,35 +13,45 @@ Plain OpenAI-style dict messages (``{"role": "user", "content": "..."}``) are ac
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
+    "Batch",
     "BatchChatCompletionResponse",
+    "BatchError",
+    "BatchErrors",
     "BatchItemError",
-    "BatchJob",
+    "BatchOptions",
     "BatchProgress",
+    "BatchRequestCounts",
+    "BatchStatus",
+    "BatchUsage",
     "ChatCompletionResponse",
     "CompletionMessage",
+    "Endpoint",
+    "FileDeleted",
     "FileObject",
     "GrammarResponseFormat",
     "GreedySamplingStrategy",
     "ImageContentItem",
+    "InputTokensDetails",
     "InterleavedContent",
     "Job",
-    "JobErrorEntry",
-    "JobErrors",
-    "JobRequestCounts",
     "JobStatus",
-    "JobUsage",
     "JsonSchemaResponseFormat",
     "LogProbConfig",
     "Message",
     "MessageLike",
     "MetricInResponse",
+    "OutputTokensDetails",
+    "ProgressCallback",
     "ResponseFormat",
+    "ResponseFormatArg",
     "SamplingParams",
     "SamplingStrategy",
     "StopReason",
@@ -53,8 +64,11 @@ __all__ = [
     "ToolParamDefinition",
     "ToolPromptFormat",
     "ToolResponseMessage",
+    "TopKSamplingStrategy",
+    "TopPSamplingStrategy",
     "UserMessage",
     "coerce_messages",
+    "parse_arguments",
 ]
 
 
@@ -155,8 +169,6 @@ def _coerce_one(message: MessageLike) -> Message:
         calls = []
         for call in wire_calls:
             if isinstance(call, dict) and "function" in call:
-                from ._wire import parse_arguments  # local: _wire imports this module
-
                 fn = call["function"]
                 calls.append(
                     {
@@ -175,6 +187,19 @@ def _coerce_one(message: MessageLike) -> Message:
     if isinstance(data.get("content"), list):
         data["content"] = [_coerce_part(p) for p in data["content"]]
     return _message_adapter.validate_python(data)
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as a dict. OpenAI sends a JSON string; anything that is not a JSON
+    object raises ``ValueError``."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or raw == "":
+        return {}
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(value, dict):
+        raise ValueError(f"tool-call arguments are not a JSON object: {raw!r}")
+    return value
 
 
 def _coerce_part(part: Any) -> Any:
@@ -287,6 +312,9 @@ class GrammarResponseFormat(_Model):
 ResponseFormat = Annotated[
     JsonSchemaResponseFormat | GrammarResponseFormat, Field(discriminator="type")
 ]
+
+ResponseFormatArg = ResponseFormat | dict[str, Any] | None
+"""A response format as typed or as a dict (``{"type": "json_schema", "json_schema": {...}}``)."""
 
 
 # ---------------------------------------------------------------------------- logprobs and metrics
@@ -403,17 +431,32 @@ class BatchProgress(_Model):
         return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-# ---------------------------------------------------------------------------- jobs
+ProgressCallback = Callable[[BatchProgress], None]
+"""Receives a :class:`BatchProgress` at most every 0.2 s while a batch runs, and once at the end."""
+
+
+# ---------------------------------------------------------------------------- endpoints and jobs
+
+
+class Endpoint(StrEnum):
+    """The OpenAI API path a request is for: an OpenAI batch line's ``url`` and a batch's
+    ``endpoint``."""
+
+    chat_completions = "/v1/chat/completions"
+    completions = "/v1/completions"
+    embeddings = "/v1/embeddings"
 
 
 class Job(_Model):
+    """A scheduled job (the original protocol's handle): ``job_id`` is the batch's ``id``."""
+
     job_id: str
 
 
 class JobStatus(StrEnum):
-    """The original request's job states. The OpenAI-shaped :class:`BatchJob` carries the finer
-    ones; they map as validating -> scheduled, in_progress/finalizing/cancelling -> in_progress,
-    expired -> failed."""
+    """The original request's job states. The OpenAI-shaped :class:`Batch` carries the finer
+    :class:`BatchStatus`; they map as validating -> scheduled, in_progress / finalizing /
+    cancelling -> in_progress, expired -> failed."""
 
     scheduled = "scheduled"
     in_progress = "in_progress"
@@ -422,19 +465,59 @@ class JobStatus(StrEnum):
     cancelled = "cancelled"
 
 
-class JobRequestCounts(_Model):
+class BatchStatus(StrEnum):
+    """An OpenAI batch's status: ``validating -> in_progress -> finalizing -> completed``;
+    ``validating -> failed`` (input refused); ``in_progress -> expired`` (completion window
+    passed); ``... -> cancelling -> cancelled``."""
+
+    validating = "validating"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    failed = "failed"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+    expired = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the batch is finished (completed, failed, cancelled or expired)."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {BatchStatus.completed, BatchStatus.failed, BatchStatus.cancelled, BatchStatus.expired}
+)
+
+
+class BatchRequestCounts(_Model):
+    """Requests of a batch: ``total`` lines, ``completed`` and ``failed`` so far (they only
+    grow; ``completed + failed == total`` once finished)."""
+
     total: int = 0
     completed: int = 0
     failed: int = 0
 
 
-class JobUsage(_Model):
+class InputTokensDetails(_Model):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(_Model):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(_Model):
+    """Tokens used by a batch's finished requests (from each answer's ``usage``)."""
+
     input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
     output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int = 0
 
 
-class JobErrorEntry(_Model):
+class BatchError(_Model):
     """One validation error of an input file (OpenAI: ``errors.data[]``); ``line`` is the
     1-based physical line number."""
 
@@ -444,34 +527,24 @@ class JobErrorEntry(_Model):
     param: str | None = None
 
 
-class JobErrors(_Model):
+class BatchErrors(_Model):
     """The validation errors of a refused input file (OpenAI: ``errors: {object, data}``)."""
 
     object: Literal["list"] = "list"
-    data: list[JobErrorEntry] = Field(default_factory=list)
+    data: list[BatchError] = Field(default_factory=list)
 
 
-class BatchJob(_Model):
-    """The OpenAI Batch object (``/v1/batches``); timestamps are unix seconds."""
-
-    model_config = ConfigDict(extra="forbid")
+class Batch(_Model):
+    """The OpenAI Batch object (``/v1/batches``, ``openai.types.Batch``); timestamps are unix
+    seconds."""
 
     id: str
     object: Literal["batch"] = "batch"
-    endpoint: str = "/v1/chat/completions"
-    errors: JobErrors | None = None
+    endpoint: str = Endpoint.chat_completions.value
+    errors: BatchErrors | None = None
     input_file_id: str
     completion_window: str = "24h"
-    status: Literal[
-        "validating",
-        "in_progress",
-        "finalizing",
-        "completed",
-        "failed",
-        "cancelling",
-        "cancelled",
-        "expired",
-    ]
+    status: BatchStatus
     output_file_id: str | None = None
     error_file_id: str | None = None
     created_at: int
@@ -483,15 +556,34 @@ class BatchJob(_Model):
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
-    request_counts: JobRequestCounts = Field(default_factory=JobRequestCounts)
+    request_counts: BatchRequestCounts = Field(default_factory=BatchRequestCounts)
     metadata: dict[str, str] | None = None
-    usage: JobUsage = Field(default_factory=JobUsage)
+    usage: BatchUsage = Field(default_factory=BatchUsage)
     model: str | None = None
 
 
+class BatchOptions(TypedDict, total=False):
+    """How to run a batch (``schedule_batch(file_id, **options)``, ``batches.create``).
+
+    - ``completion_window``: how long the batch may run, counted from its creation: a number and
+      a unit, ``"24h"`` (default; the only value OpenAI accepts), ``"30m"``, ``"5s"``, ``"2d"``.
+      After it the batch is ``expired``: finished results are kept, the rest fail with
+      ``batch_expired``.
+    - ``metadata``: up to 16 string pairs (keys <= 64, values <= 512 characters; OpenAI's
+      limits).
+    - ``reuse_results_from``: the id of an earlier batch over the same file content whose
+      successful results are copied instead of being sent again.
+    """
+
+    completion_window: str
+    metadata: dict[str, str] | None
+    reuse_results_from: str | None
+
+
 class FileObject(_Model):
-    """A stored file (OpenAI ``/v1/files`` shape); ``bytes`` is its size, ``created_at`` unix
-    seconds, ``purpose`` ``batch`` for inputs and ``batch_output`` for files the jobs write."""
+    """A stored file (OpenAI ``/v1/files`` shape, ``openai.types.FileObject``); ``bytes`` is its
+    size, ``created_at`` unix seconds, ``purpose`` ``batch`` for inputs and ``batch_output`` for
+    files the jobs write."""
 
     id: str
     object: Literal["file"] = "file"
@@ -499,3 +591,12 @@ class FileObject(_Model):
     created_at: int
     filename: str
     purpose: str = "batch"
+    status: Literal["uploaded", "processed", "error"] = "processed"
+
+
+class FileDeleted(_Model):
+    """The answer to deleting a file (``openai.types.FileDeleted``)."""
+
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._client import BaseBatchClient
+from .._core.client import BatchClient
+from .._core.provider import Provider
+from .._core.request import Request, Result, failed
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
-from .._wire import ChatRequest, ChatResult, failed
 from ..errors import (
     BatchClientError,
     ConfigurationError,
@@ -37,7 +38,7 @@ from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["VLLMBatchInference"]
+__all__ = ["VLLMBatchInference", "VLLMProvider"]
 
 _INSTALL_HINT = (
     "the inline provider needs vLLM: pip install 'batchclient[vllm]' (GPU) or "
@@ -45,7 +46,7 @@ _INSTALL_HINT = (
 )
 
 
-class VLLMBatchInference(BaseBatchClient):
+class VLLMBatchInference(BatchClient):
     """Batch inference on a vLLM engine in this process. Use as ``async with``.
 
     ``async with`` starts vLLM's ``AsyncLLM`` (its engine core runs in a child process; about
@@ -90,6 +91,8 @@ class VLLMBatchInference(BaseBatchClient):
         EndpointError: the engine failed to start (the message holds vLLM's reason).
     """
 
+    provider: VLLMProvider
+
     def __init__(
         self,
         model: str | None = None,
@@ -99,7 +102,25 @@ class VLLMBatchInference(BaseBatchClient):
         state_dir: str | os.PathLike[str] | None = None,
         **engine_args: Any,
     ) -> None:
-        super().__init__(state_dir=state_dir)
+        provider = VLLMProvider(
+            model, max_concurrency=max_concurrency, tool_call_parser=tool_call_parser, **engine_args
+        )
+        super().__init__(provider, state_dir=state_dir)
+
+
+class VLLMProvider(Provider):
+    """The inline engine as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
+    and other providers). Arguments as :class:`VLLMBatchInference`, without ``state_dir``;
+    ``start`` builds the engine, ``stop`` shuts it down."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        max_concurrency: int = 1024,
+        tool_call_parser: str | None = None,
+        **engine_args: Any,
+    ) -> None:
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
         self.model = model
@@ -118,7 +139,7 @@ class VLLMBatchInference(BaseBatchClient):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
         try:
             from . import _engine
         except ImportError as exc:
@@ -157,30 +178,30 @@ class VLLMBatchInference(BaseBatchClient):
         )
         _engine.start(engine, args)
 
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None and self._vllm is not None:
             with anyio.CancelScope(shield=True):
                 await self._vllm.stop_output_handler(engine)
                 await anyio.to_thread.run_sync(self._vllm.stop, engine)
 
-    def _window(self) -> int:
+    def window(self) -> int:
         return self.max_concurrency
 
-    def _concurrency_limit(self) -> int | None:
+    def concurrency_limit(self) -> int | None:
         return self.max_concurrency
 
-    def _job_identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         # What changes the answers: the model. Engine args (memory, parallelism) do not.
         return {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
 
-    async def _check_model(self, model: str) -> None:
+    async def check_model(self, model: str) -> None:
         if model not in self._names:
             raise ModelNotFoundError(model, sorted(self._names))
 
     # ------------------------------------------------------------------ one request
 
-    async def _execute(self, request: ChatRequest) -> ChatResult:
+    async def execute(self, request: Request) -> Result:
         engine = self._engine
         if engine is None:
             return failed(ErrorCode.engine_error, "the engine is not running")
@@ -204,7 +225,7 @@ class VLLMBatchInference(BaseBatchClient):
             return await self._generate(engine, str(model), plan, tools)
 
     def _plan_tools(
-        self, engine: Engine, request: ChatRequest
+        self, engine: Engine, request: Request
     ) -> tuple[dict[str, Any], ToolPlan | None]:
         """The body with its tools planned (``batchclient._tools.plan_tools``): rendered by the
         chat template when it renders tools, no ``tool_prompt_format`` was asked for and a
@@ -226,7 +247,7 @@ class VLLMBatchInference(BaseBatchClient):
 
     async def _generate(
         self, engine: Engine, model: str, plan: Plan, tools: ToolPlan | None
-    ) -> ChatResult:
+    ) -> Result:
         vllm = self._vllm
         assert vllm is not None
         llm = engine.llm
@@ -287,7 +308,7 @@ class VLLMBatchInference(BaseBatchClient):
         final: Any,
         started_wall: float,
         latency: float,
-    ) -> ChatResult:
+    ) -> Result:
         output = final.outputs[0]
         logprobs = None
         if plan.top_logprobs is not None:
@@ -308,7 +329,7 @@ class VLLMBatchInference(BaseBatchClient):
             completion_tokens=len(output.token_ids),
             logprobs=logprobs,
         )
-        return ChatResult(
+        return Result(
             status_code=200,
             body=body,
             request_id=request_id,
@@ -318,7 +339,7 @@ class VLLMBatchInference(BaseBatchClient):
 
     # ------------------------------------------------------------------ inspection
 
-    def _engine_counts(self) -> tuple[int, int, int]:
+    def engine_counts(self) -> tuple[int, int, int]:
         """(unfinished requests in this process's engine front end, running and waiting
         requests as last reported by the engine core). For tests and diagnostics."""
         engine = self._engine
@@ -339,11 +360,11 @@ def _ttft(metrics: Any, started_wall: float) -> float | None:
     return max(0.0, arrival + latency - started_wall)
 
 
-def _refused(refusal: Refusal) -> ChatResult:
+def _refused(refusal: Refusal) -> Result:
     return failed(refusal.code, refusal.message, status_code=400, param=refusal.param)
 
 
-def _request_error(vllm: ModuleType, exc: Exception, param: str | None) -> ChatResult:
+def _request_error(vllm: ModuleType, exc: Exception, param: str | None) -> Result:
     """A vLLM refusal of one request as an API-style 400 (or ``engine_error`` when it is not
     the request's fault)."""
     message = str(exc) or type(exc).__name__

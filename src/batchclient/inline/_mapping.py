@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._wire import LOGPROB_FLOOR
+from .._core.decode import LOGPROB_FLOOR
 from ..errors import ErrorCode
 
 # Fields of the body that change nothing the engine does, accepted as they are.

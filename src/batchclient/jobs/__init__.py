@@ -1,21 +1,22 @@
-"""Durable batch jobs over OpenAI batch JSONL, shared by every provider (guide: ``docs/jobs.md``).
+"""Durable batch jobs over OpenAI batch JSONL, on any provider (guide: ``docs/jobs.md``).
 
-Provider clients expose the job calls directly (``client.files``, ``client.schedule_batch``,
-``client.job_info``, ...). This package also offers, for tools that work on a state directory
-without running jobs (the ``batchclient jobs`` commands):
+Clients expose them as ``client.files``, ``client.batches`` and the original protocol's
+``schedule_batch`` / ``job_*`` calls. This package also offers, for tools that work on a state
+directory without running jobs (the ``batchclient jobs`` commands):
 
-- :class:`JobManager`: list, inspect, cancel and export the jobs of a state directory;
+- :class:`JobManager`: list, inspect, cancel and export the batches of a state directory;
 - :func:`validate_batch_file`: validate an OpenAI batch input file (streamed, all-or-nothing);
 - :func:`default_state_dir`: where state lives by default.
 """
 
 from ._files import Files
-from ._manager import JobManager
+from ._manager import Batches, JobManager
 from ._runner import parse_window
 from ._store import default_state_dir
 from ._validate import ValidationReport, validate_batch_file
 
 __all__ = [
+    "Batches",
     "Files",
     "JobManager",
     "ValidationReport",

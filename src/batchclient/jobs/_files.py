@@ -7,19 +7,16 @@ import hashlib
 import io
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import anyio
 from anyio import to_thread
 
 from ..errors import ConfigurationError, JobStateError
-from ..types import FileObject
+from ..types import FileDeleted, FileObject
 from ._store import Store, now
-
-if TYPE_CHECKING:
-    from ._manager import JobManager
 
 _CHUNK = 1024 * 1024
 FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
@@ -30,11 +27,8 @@ class Files:
     manager) to be open (else ``ClientClosedError``); unknown ids raise
     ``FileNotFoundInStoreError``."""
 
-    def __init__(self, manager: Callable[[], JobManager]) -> None:
-        self._get_manager = manager
-
-    async def _store(self) -> Store:
-        return await self._get_manager().store()
+    def __init__(self, store: Callable[[], Awaitable[Store]]) -> None:
+        self._store = store
 
     async def create(
         self, file: FileInput, *, purpose: str = "batch", filename: str | None = None
@@ -80,14 +74,15 @@ class Files:
         files: list[FileObject] = await to_thread.run_sync(store.list_files, purpose)
         return files
 
-    async def delete(self, file_id: str) -> None:
-        """Delete a file. Raises ``JobStateError`` for the input file of a job that is not
-        finished (it is needed to resume the job)."""
+    async def delete(self, file_id: str) -> FileDeleted:
+        """Delete a file. Raises ``JobStateError`` for the input file of a batch that is not
+        finished (it is needed to resume the batch)."""
         store = await self._store()
         users = await to_thread.run_sync(store.jobs_using_file, file_id)
         if users:
-            raise JobStateError(f"file {file_id} is the input of unfinished job(s) {users}")
+            raise JobStateError(f"file {file_id} is the input of unfinished batch(es) {users}")
         await to_thread.run_sync(store.delete_file, file_id)
+        return FileDeleted(id=file_id)
 
 
 def _store_file(store: Store, file: FileInput, purpose: str, filename: str) -> FileObject:

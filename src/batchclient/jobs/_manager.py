@@ -26,26 +26,29 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import IO, Any, Self, Unpack
 
 import anyio
 from anyio import to_thread
 from anyio.abc import TaskGroup
 
+from .._core.provider import Provider
 from ..errors import ConfigurationError, JobError, JobStateError
 from ..types import (
+    Batch,
     BatchChatCompletionResponse,
-    BatchJob,
+    BatchError,
+    BatchOptions,
     ChatCompletionResponse,
-    Job,
-    JobErrorEntry,
+    Endpoint,
     JobStatus,
 )
 from ._files import Files
 from ._output import iter_output_lines, response_for, write_lines
-from ._runner import JobProvider, RunningJob, finalize, parse_window, run_job
+from ._runner import RunningJob, finalize, parse_window, run_job
 from ._store import ACTIVE, Store, default_state_dir, now
 
 LEASE_S = 10.0
@@ -67,27 +70,28 @@ _STATUS_MAP = {
 class JobManager:
     """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
-    ``identity`` matches on entry); without one it can only inspect, cancel and export."""
+    provider identity matches on entry); without one it can only inspect, cancel and export.
+    ``files`` and ``batches`` are the same calls as a client's."""
 
     def __init__(
         self,
         state_dir: str | os.PathLike[str] | None = None,
         *,
-        provider: JobProvider | None = None,
-        identity: dict[str, Any] | None = None,
+        provider: Provider | None = None,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
         self._provider = provider
-        self._identity = json.dumps(identity or {}, sort_keys=True)
+        self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
         self._tg: TaskGroup | None = None
         self._host: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
         self._running: dict[str, RunningJob] = {}
-        self.files = Files(lambda: self)
+        self.files = Files(self.store)
+        self.batches = Batches(lambda: self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,7 +190,7 @@ class JobManager:
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
-            error = JobErrorEntry(code="internal_error", message=f"{type(exc).__name__}: {exc}")
+            error = BatchError(code="internal_error", message=f"{type(exc).__name__}: {exc}")
             with anyio.CancelScope(shield=True):
                 await to_thread.run_sync(
                     lambda: store.update_job(
@@ -220,14 +224,20 @@ class JobManager:
         self,
         file_id: str,
         *,
+        endpoint: str = Endpoint.chat_completions,
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
         reuse_results_from: str | None = None,
-    ) -> Job:
-        """Create a job over an uploaded batch file and start it; see
-        ``BaseBatchClient.schedule_batch``."""
+    ) -> Batch:
+        """Create a batch over an uploaded file and start it; see :meth:`Batches.create`."""
         if self._provider is None:
             raise ConfigurationError("this job manager has no provider: it cannot run jobs")
+        supported = sorted(e.value for e in self._provider.endpoints)
+        if endpoint not in supported:
+            raise ConfigurationError(
+                f"endpoint {endpoint!r} is not served by {type(self._provider).__name__}; "
+                f"supported: {', '.join(supported)}"
+            )
         try:
             window_s = parse_window(completion_window)
         except ValueError as exc:
@@ -251,7 +261,7 @@ class JobManager:
             {
                 "id": job_id,
                 "input_file_id": file_id,
-                "endpoint": "/v1/chat/completions",
+                "endpoint": str(endpoint),
                 "completion_window": completion_window,
                 "status": "validating",
                 "created_at": int(created),
@@ -265,11 +275,11 @@ class JobManager:
             },
         )
         self._start(job_id)
-        return Job(job_id=job_id)
+        return await self.info(job_id)
 
-    async def info(self, job_id: str) -> BatchJob:
+    async def info(self, job_id: str) -> Batch:
         store = await self.store()
-        job: BatchJob = await self._call(store.get_job, job_id)
+        job: Batch = await self._call(store.get_job, job_id)
         return job
 
     async def status(self, job_id: str) -> JobStatus | None:
@@ -281,17 +291,17 @@ class JobManager:
             return None
         return _STATUS_MAP[job.status]
 
-    async def list(self, limit: int | None = None) -> list[BatchJob]:
+    async def list(self, limit: int | None = None, after: str | None = None) -> list[Batch]:
         if not Store.exists(self.state_dir):
             return []
         store = await self.store()
-        jobs: list[BatchJob] = await self._call(store.list_jobs, limit)
+        jobs: list[Batch] = await self._call(store.list_jobs, limit, after)
         return jobs
 
     def is_running_here(self, job_id: str) -> bool:
         return job_id in self._running
 
-    async def wait(self, job_id: str) -> BatchJob:
+    async def wait(self, job_id: str) -> Batch:
         """Wait until the job is terminal (``completed``, ``failed``, ``cancelled``,
         ``expired``); return it. Bound the wait with ``anyio.fail_after``."""
         while True:
@@ -371,6 +381,19 @@ class JobManager:
             raise JobError(f"job {job_id} has {len(batch)} results for {row['total']} lines")
         return BatchChatCompletionResponse(batch=batch)
 
+    async def write_lines(self, job_id: str, stream: IO[bytes]) -> None:
+        """Write every finished line of the job (output and error lines, in input order) to a
+        binary stream (``sys.stdout.buffer``), streamed from SQLite."""
+        store = await self.store()
+        await self._call(store.job_row, job_id)
+
+        def dump() -> None:
+            for line in iter_output_lines(store, job_id):
+                stream.write(line)
+            stream.flush()
+
+        await to_thread.run_sync(dump)
+
     async def export(
         self, job_id: str, output: str | os.PathLike[str], errors: str | os.PathLike[str] | None
     ) -> None:
@@ -412,3 +435,83 @@ def _pid_alive(pid: int) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state != "Z"
     return True
+
+
+class Batches:
+    """``client.batches``: OpenAI-style batches over uploaded files (``/v1/batches`` in spirit).
+
+    Every method needs the owning client (or job manager) to be open (else
+    ``ClientClosedError``); an unknown id raises ``JobNotFoundError``.
+    """
+
+    def __init__(self, manager: Callable[[], JobManager]) -> None:
+        self._manager = manager
+
+    async def create(
+        self,
+        input_file_id: str,
+        *,
+        endpoint: str = Endpoint.chat_completions,
+        **options: Unpack[BatchOptions],
+    ) -> Batch:
+        """Validate an uploaded OpenAI batch JSONL file and run it in the background.
+
+        Returns at once with the batch (status ``validating``); it runs inside the client's
+        ``async with`` block (leaving the block pauses it; the next client on the same state
+        directory and provider resumes it). Validation is all-or-nothing: a bad file gives a
+        ``failed`` batch whose ``errors`` list each bad line (OpenAI codes, 1-based physical
+        line, ``param``). ``options``: see :class:`~batchclient.BatchOptions`.
+
+        Raises:
+            FileNotFoundInStoreError: unknown ``input_file_id``.
+            JobNotFoundError: unknown ``reuse_results_from``.
+            ConfigurationError: bad window or metadata, a file that is not ``batch``, an
+                endpoint the provider does not serve, or a ``reuse_results_from`` batch over
+                other content.
+        """
+        return await self._manager().schedule(input_file_id, endpoint=endpoint, **options)
+
+    async def retrieve(self, batch_id: str) -> Batch:
+        """The batch record: status, timestamps (unix seconds), request counts (they only
+        grow), validation errors, output and error file ids, token usage."""
+        return await self._manager().info(batch_id)
+
+    async def list(self, *, limit: int | None = None, after: str | None = None) -> list[Batch]:
+        """The batches of the state directory, newest first: at most ``limit``, starting after
+        the batch ``after`` (exclusive; OpenAI's cursor)."""
+        return await self._manager().list(limit, after)
+
+    async def wait(self, batch_id: str) -> Batch:
+        """Wait until the batch is ``completed``, ``failed``, ``cancelled`` or ``expired`` and
+        return it (bound the wait with ``anyio.fail_after``)."""
+        return await self._manager().wait(batch_id)
+
+    async def cancel(self, batch_id: str) -> Batch:
+        """Cancel a batch: in-flight requests are aborted (HTTP requests closed, engine
+        requests aborted), every finished result is kept, the rest fail with
+        ``batch_cancelled``. Returns once it is ``cancelled``. A batch running in another
+        process is stopped by that process within about a second. Cancelling a cancelled batch
+        does nothing.
+
+        Raises:
+            JobStateError: the batch is ``completed``, ``failed``, ``expired`` or
+                ``finalizing`` (OpenAI answers 409).
+        """
+        manager = self._manager()
+        await manager.cancel(batch_id)
+        return await manager.info(batch_id)
+
+    def running_here(self, batch_id: str) -> bool:
+        """Whether this client (this process) is running the batch right now."""
+        return self._manager().is_running_here(batch_id)
+
+    async def export(
+        self,
+        batch_id: str,
+        output: str | os.PathLike[str],
+        errors: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Write the batch's finished lines in the OpenAI batch output format, in input order:
+        successes to ``output`` and failures to ``errors``, or every line to ``output`` when
+        ``errors`` is None. Each file is replaced atomically."""
+        await self._manager().export(batch_id, output, errors)

@@ -27,12 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .._wire import ChatRequest, ChatResult, to_response
+from .._core.decode import to_response
+from .._core.request import Request, Result
 from ..types import ChatCompletionResponse, FileObject
 from ._store import ResultRow, Store, now
 
 
-def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> ChatRequest:
+def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> Request:
     """The internal request for one input line, with the schemas its answer is checked
     against (``response_format.json_schema.schema``; each tool's ``parameters``)."""
     schema = None
@@ -50,7 +51,7 @@ def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> ChatRequest:
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 params = fn.get("parameters")
                 tool_schemas[fn["name"]] = params if isinstance(params, dict) else {}
-    return ChatRequest(
+    return Request(
         index=seq,
         body=body,
         custom_id=custom_id,
@@ -59,7 +60,7 @@ def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def row_for(job_id: str, request: ChatRequest, result: ChatResult) -> ResultRow:
+def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     """The stored row of one finished request, with its output line. The verdict (``ok``) is
     the same as ``batch_chat_completion`` gives the item: ``to_response`` without an error."""
     response = to_response(request, result)
@@ -97,10 +98,10 @@ def _int(value: Any) -> int:
 
 def response_for(row: ResultRow) -> ChatCompletionResponse:
     """The protocol's ``ChatCompletionResponse`` of a stored row (for ``job_result``)."""
-    result = ChatResult(
+    result = Result(
         status_code=row.status_code, body=row.body, error=row.error, request_id=row.request_id
     )
-    request = ChatRequest(index=row.seq, body={}, custom_id=row.custom_id)
+    request = Request(index=row.seq, body={}, custom_id=row.custom_id)
     return to_response(request, result)
 
 

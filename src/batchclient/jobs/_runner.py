@@ -1,6 +1,7 @@
 """One job's life in the background: validating -> in_progress -> finalizing -> completed (or
 failed, cancelled, expired), through the same primitive as ``batch_chat_completion``:
-``run_requests(provider._execute, <requests read lazily from the input file>, window, on_result)``.
+``run_requests(provider.execute, <requests read lazily from the input file>, window,
+on_result)``.
 
 Durability: a worker hands its result to :class:`GroupCommit` and waits until the SQLite
 transaction holding it has committed before it takes the next request. So a request is either
@@ -16,31 +17,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import anyio
 import anyio.lowlevel
 from anyio import to_thread
 
-from .._scheduler import run_requests
-from .._wire import ChatRequest, ChatResult, failed
+from .._core.provider import Provider
+from .._core.request import Request, Result, failed
+from .._core.scheduler import run_requests
 from ..errors import ErrorCode, ModelNotFoundError
-from ..types import JobErrorEntry
+from ..types import BatchError
 from ._output import request_for, row_for, with_line, write_job_files
 from ._store import ResultRow, Store, now
 from ._validate import RequestLine, iter_requests, validate_batch_file
 
 _BLOCK = 256  # input lines parsed per thread hop
-
-
-class JobProvider(Protocol):
-    """What a job needs from a provider client (``BaseBatchClient`` has all of it)."""
-
-    async def _execute(self, request: ChatRequest) -> ChatResult: ...
-
-    def _window(self) -> int: ...
-
-    async def _check_model(self, model: str) -> None: ...
 
 
 @dataclass
@@ -64,13 +56,13 @@ class RequestSource:
         self._job_id = job_id
         self._file: IO[bytes] = path.open("rb")
         self._lines: Iterator[RequestLine] = iter_requests(self._file)
-        self._buffer: list[ChatRequest] = []
+        self._buffer: list[Request] = []
         self._exhausted = False
 
     def __aiter__(self) -> RequestSource:
         return self
 
-    async def __anext__(self) -> ChatRequest:
+    async def __anext__(self) -> Request:
         while not self._buffer:
             if self._exhausted:
                 raise StopAsyncIteration
@@ -78,7 +70,7 @@ class RequestSource:
             self._buffer.reverse()
         return self._buffer.pop()
 
-    def _next_block(self) -> list[ChatRequest]:
+    def _next_block(self) -> list[Request]:
         while True:
             block: list[RequestLine] = []
             for line in self._lines:
@@ -153,7 +145,7 @@ def parse_window(window: str) -> float:
     return seconds
 
 
-async def run_job(store: Store, provider: JobProvider, running: RunningJob) -> None:
+async def run_job(store: Store, provider: Provider, running: RunningJob) -> None:
     """Run (or resume) one job to a terminal state. Raises only cancellation (the client is
     closing: the job stays active and resumes on the next ``async with``)."""
     job_id = running.job_id
@@ -174,7 +166,7 @@ async def run_job(store: Store, provider: JobProvider, running: RunningJob) -> N
         await finalize(store, job_id, "completed")
 
 
-async def _validate(store: Store, provider: JobProvider, job_id: str) -> bool:
+async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
     row = await to_thread.run_sync(store.job_row, job_id)
     path = store.file_path(row["input_file_id"])
     await to_thread.run_sync(store.delete_results, job_id)  # a restarted validation starts clean
@@ -184,13 +176,13 @@ async def _validate(store: Store, provider: JobProvider, job_id: str) -> bool:
             return validate_batch_file(f, endpoint=row["endpoint"])
 
     report = await to_thread.run_sync(validate)
-    errors: list[JobErrorEntry] = list(report.errors)
+    errors: list[BatchError] = list(report.errors)
     if report.ok:
         try:
-            await provider._check_model(report.model)
+            await provider.check_model(report.model)
         except ModelNotFoundError as exc:
             errors = [
-                JobErrorEntry(
+                BatchError(
                     code=ErrorCode.model_not_found.value,
                     message=str(exc),
                     line=None,
@@ -223,17 +215,15 @@ async def _validate(store: Store, provider: JobProvider, job_id: str) -> bool:
     return True
 
 
-async def _process(store: Store, provider: JobProvider, job_id: str, row: Any) -> None:
+async def _process(store: Store, provider: Provider, job_id: str, row: Any) -> None:
     source = RequestSource(store, job_id, store.file_path(row["input_file_id"]))
     writer = GroupCommit(store, job_id)
 
-    async def on_result(request: ChatRequest, result: ChatResult) -> None:
+    async def on_result(request: Request, result: Result) -> None:
         await writer.put(row_for(job_id, request, result))
 
     try:
-        await run_requests(
-            provider._execute, source, window=provider._window(), on_result=on_result
-        )
+        await run_requests(provider.execute, source, window=provider.window(), on_result=on_result)
     finally:
         writer.flush()
         source.close()

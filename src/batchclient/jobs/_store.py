@@ -30,13 +30,13 @@ from typing import Any
 
 from ..errors import FileNotFoundInStoreError, JobNotFoundError
 from ..types import (
+    Batch,
+    BatchError,
+    BatchErrors,
     BatchItemError,
-    BatchJob,
+    BatchRequestCounts,
+    BatchUsage,
     FileObject,
-    JobErrorEntry,
-    JobErrors,
-    JobRequestCounts,
-    JobUsage,
 )
 
 DB_NAME = "batchclient.sqlite3"
@@ -205,12 +205,18 @@ class Store:
             raise JobNotFoundError(f"no job {job_id!r} in {self.state_dir}")
         return row
 
-    def get_job(self, job_id: str) -> BatchJob:
+    def get_job(self, job_id: str) -> Batch:
         return _job(self.job_row(job_id))
 
-    def list_jobs(self, limit: int | None = None) -> list[BatchJob]:
-        sql = "SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC"
-        rows = self._all(sql + (f" LIMIT {int(limit)}" if limit else ""))
+    def list_jobs(self, limit: int | None = None, after: str | None = None) -> list[Batch]:
+        """Newest first; ``after``: only those older than that job (a cursor, exclusive)."""
+        sql, args = "SELECT * FROM jobs", []
+        if after is not None:
+            self.job_row(after)  # an unknown cursor is an error, not an empty page
+            sql += " WHERE (created_at, rowid) < (SELECT created_at, rowid FROM jobs WHERE id = ?)"
+            args.append(after)
+        sql += " ORDER BY created_at DESC, rowid DESC"
+        rows = self._all(sql + (f" LIMIT {int(limit)}" if limit else ""), args)
         return [_job(r) for r in rows]
 
     def update_job(self, job_id: str, *, where_status: Iterable[str] = (), **fields: Any) -> bool:
@@ -365,13 +371,13 @@ def _file(row: sqlite3.Row) -> FileObject:
     )
 
 
-def _job(row: sqlite3.Row) -> BatchJob:
+def _job(row: sqlite3.Row) -> Batch:
     errors = json.loads(row["errors"]) if row["errors"] else None
-    return BatchJob(
+    return Batch(
         id=row["id"],
         endpoint=row["endpoint"],
         errors=(
-            JobErrors(data=[JobErrorEntry.model_validate(e) for e in errors]) if errors else None
+            BatchErrors(data=[BatchError.model_validate(e) for e in errors]) if errors else None
         ),
         input_file_id=row["input_file_id"],
         completion_window=row["completion_window"],
@@ -379,11 +385,11 @@ def _job(row: sqlite3.Row) -> BatchJob:
         output_file_id=row["output_file_id"],
         error_file_id=row["error_file_id"],
         created_at=row["created_at"],
-        request_counts=JobRequestCounts(
+        request_counts=BatchRequestCounts(
             total=row["total"], completed=row["completed"], failed=row["failed"]
         ),
         metadata=json.loads(row["metadata"]) if row["metadata"] else None,
-        usage=JobUsage(
+        usage=BatchUsage(
             input_tokens=row["input_tokens"],
             output_tokens=row["output_tokens"],
             total_tokens=row["input_tokens"] + row["output_tokens"],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..errors import ErrorCode
-from ..types import JobErrorEntry
+from ..types import BatchError
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_LINE_BYTES = 32 * 1024 * 1024
@@ -44,7 +44,7 @@ class ValidationReport:
 
     total: int = 0
     model: str | None = None
-    errors: list[JobErrorEntry] = field(default_factory=list)
+    errors: list[BatchError] = field(default_factory=list)
     error_count: int = 0
 
     @property
@@ -54,9 +54,7 @@ class ValidationReport:
     def add(self, code: ErrorCode, message: str, line: int | None, param: str | None) -> None:
         self.error_count += 1
         if len(self.errors) < MAX_LISTED_ERRORS:
-            self.errors.append(
-                JobErrorEntry(code=code.value, message=message, line=line, param=param)
-            )
+            self.errors.append(BatchError(code=code.value, message=message, line=line, param=param))
 
 
 @dataclass(slots=True)
@@ -190,7 +188,7 @@ class _SeenIds:
 
 def validate_batch_file(stream: IO[bytes], *, endpoint: str = CHAT_COMPLETIONS) -> ValidationReport:
     """Validate a whole batch input file read from a binary stream. Never raises on bad
-    content; every problem is a :class:`JobErrorEntry` in the report."""
+    content; every problem is a :class:`BatchError` in the report."""
     report = ValidationReport()
     head = stream.read(4)
     for bom, name in _UTF16_32_BOMS.items():
@@ -261,7 +259,7 @@ def validate_batch_file(stream: IO[bytes], *, endpoint: str = CHAT_COMPLETIONS) 
     elif report.error_count > len(report.errors):
         left_out = report.error_count - len(report.errors)
         report.errors.append(
-            JobErrorEntry(
+            BatchError(
                 code=ErrorCode.invalid_request.value,
                 message=f"{left_out} more invalid line(s) not listed",
             )

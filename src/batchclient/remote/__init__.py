@@ -4,7 +4,18 @@
 rpm/tpm, many endpoints, the HTTP path).
 """
 
-from ._client import RemoteBatchInference, RemoteEndpoint
+from ._client import RemoteBatchInference, RemoteEndpoint, RemoteProvider
 from ._endpoints import LaneStats
+from ._settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy, Timeouts
 
-__all__ = ["LaneStats", "RemoteBatchInference", "RemoteEndpoint"]
+__all__ = [
+    "AdaptiveConcurrency",
+    "Ejection",
+    "LaneStats",
+    "RateLimits",
+    "RemoteBatchInference",
+    "RemoteEndpoint",
+    "RemoteProvider",
+    "RetryPolicy",
+    "Timeouts",
+]

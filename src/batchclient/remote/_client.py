@@ -1,11 +1,12 @@
-"""``RemoteBatchInference``: fan-out to one or more OpenAI-compatible endpoints.
+"""``RemoteProvider``: fan-out to one or more OpenAI-compatible endpoints, and
+``RemoteBatchInference``, the client over it.
 
 One ``POST {base_url}/chat/completions`` per conversation. Each attempt takes a slot on the
-least-loaded usable (endpoint, model) lane (:mod:`._endpoints`), whose limit adapts to
-throttling (:mod:`._adaptive`), waits for the endpoint's rpm/tpm buckets (:mod:`._rates`), and
-is sent over a lean keep-alive HTTP/1.1 pool (:mod:`._http`); failures are retried by the policy
-in :mod:`._retry`. The per-request timeout starts when the request is sent, after every queue
-(peer lesson 10). ``docs/remote.md`` explains every knob and algorithm.
+least-loaded usable (replica, model) lane (:mod:`._endpoints`), whose limit adapts to
+throttling (:mod:`._adaptive`), waits for the replica's rpm/tpm buckets (:mod:`._rates`), and is
+sent over a keep-alive HTTP/1.1 pool (:mod:`._http`); failures are retried by the policy in
+:mod:`._retry`. The per-request timeout starts when the request is sent, after every queue.
+``docs/remote.md`` explains every knob and algorithm.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from typing import Any
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from .._client import BaseBatchClient
+from .._core.client import BatchClient
+from .._core.decode import http_error
+from .._core.provider import Provider
+from .._core.request import Request, Result, failed
 from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
-from .._wire import ChatRequest, ChatResult, failed, http_error
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ._adaptive import AdaptiveSettings
-from ._endpoints import Dispatcher, Endpoint, EndpointUnavailable, Lane, LaneStats
+from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
 from ._http import HttpError, HttpTimeout, Pool
-from ._rates import RateLimits
+from ._rates import RateBuckets
 from ._retry import (
     EJECTING_STATUS,
     RETRYABLE_STATUS,
@@ -36,9 +39,10 @@ from ._retry import (
     RetryWait,
     parse_retry_after,
 )
+from ._settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy, Timeouts
 from ._structured import VllmProbe
 
-__all__ = ["RemoteBatchInference", "RemoteEndpoint"]
+__all__ = ["RemoteBatchInference", "RemoteEndpoint", "RemoteProvider"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,11 @@ class RemoteEndpoint:
     tpm: float | None = None
 
 
-class RemoteBatchInference(BaseBatchClient):
+BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
+"""One API root ending in ``/v1``, or a list of replicas serving the same models."""
+
+
+class RemoteBatchInference(BatchClient):
     """Batch inference against OpenAI-compatible ``/v1/chat/completions`` endpoints (vLLM
     servers, OpenAI, llama.cpp servers, ...). Use as ``async with``.
 
@@ -64,152 +72,197 @@ class RemoteBatchInference(BaseBatchClient):
             goes to the least-loaded healthy one.
         api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
         max_concurrency: the most requests in flight per endpoint and model (default 64).
-        adaptive: adapt the in-flight limit to throttling (default True): start at
-            ``initial_concurrency``, grow while requests succeed, cut on 429/503/529, within
-            ``[min_concurrency, max_concurrency]``. False: a fixed limit of ``max_concurrency``.
-        initial_concurrency: the adaptive limit's start (default ``min(16, max_concurrency)``).
-        min_concurrency: the adaptive limit's floor (default 1).
-        decrease_factor: the limit is multiplied by this on a throttle (default 0.8).
-        increase_ratio: growth per round trip after the first throttle, as a fraction of the
-            limit, at least one request (default 0.05).
-        cooldown_s: seconds between two cuts of the limit (default 1.0; never the server's
-            ``Retry-After``).
-        rpm, tpm: requests / tokens per minute per endpoint (default None: no limit); shared by
-            every call and job on this client. Token costs are estimated before sending and
-            settled with the real ``usage``.
-        rate_period_s: the period of ``rpm``/``tpm`` in seconds (default 60).
-        initial_output_tokens: the output-size estimate for ``tpm`` before any answer, for
-            requests without ``max_tokens`` (default 256 tokens; then learned).
         max_retries: retries after the first attempt for transient failures (connection
             errors, timeouts, 408/409/429/5xx; default 4). 400/401/403/404/422 are never retried.
         timeout: seconds one attempt may take, counted from when it is sent (never from when it
             was queued); default 600.
-        retry_after_cap_s: the longest ``Retry-After`` honoured, in seconds (default 60).
-        backoff_initial_s, backoff_max_s: exponential backoff (with jitter) without
-            ``Retry-After`` (defaults 0.5 s doubling up to 30 s).
-        eject_after: consecutive connection failures or 5xx answers that take an endpoint out
-            (default 3); eject_s: for how many seconds (default 10).
+        rpm, tpm: requests / tokens per minute per endpoint (default None: no limit); shared by
+            every call and batch on this client. Token costs are estimated before sending and
+            settled with the real ``usage``.
+        adaptive: an :class:`AdaptiveConcurrency` (True, the default: its defaults) to adapt the
+            in-flight limit to throttling; False for a fixed limit of ``max_concurrency``.
+        retry: backoff and ``Retry-After`` handling (:class:`RetryPolicy`).
+        rate_limits: the period of ``rpm``/``tpm`` and the initial output estimate
+            (:class:`RateLimits`).
+        ejection: when a failing replica is taken out, and for how long (:class:`Ejection`).
+        timeouts: connect and model-listing timeouts (:class:`Timeouts`).
         headers: extra HTTP headers for every request.
         ssl_context: TLS settings for ``https://`` endpoints (default: the system's CAs).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
-        state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR`` or
-            the user data directory); jobs there resume with a client on the same ``base_url``.
+        state_dir: where files, batches and results are kept (default
+            ``$BATCHCLIENT_STATE_DIR`` or the user data directory); batches there resume with a
+            client on the same ``base_url``.
 
     Raises:
-        ConfigurationError: a bad argument (e.g. ``min_concurrency > max_concurrency``).
+        ConfigurationError: a bad argument (e.g. ``AdaptiveConcurrency(minimum=...)`` above
+            ``max_concurrency``).
     """
+
+    provider: RemoteProvider
 
     def __init__(
         self,
-        base_url: str | RemoteEndpoint | Sequence[str | RemoteEndpoint],
+        base_url: BaseUrl,
         api_key: str | None = None,
         *,
         max_concurrency: int = 64,
-        adaptive: bool = True,
-        initial_concurrency: int | None = None,
-        min_concurrency: int = 1,
-        decrease_factor: float = 0.8,
-        increase_ratio: float = 0.05,
-        cooldown_s: float = 1.0,
-        rpm: float | None = None,
-        tpm: float | None = None,
-        rate_period_s: float = 60.0,
-        initial_output_tokens: int = 256,
         max_retries: int = 4,
         timeout: float = 600.0,
-        retry_after_cap_s: float = 60.0,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        eject_after: int = 3,
-        eject_s: float = 10.0,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        adaptive: AdaptiveConcurrency | bool = True,
+        retry: RetryPolicy = RetryPolicy(),
+        rate_limits: RateLimits = RateLimits(),
+        ejection: Ejection = Ejection(),
+        timeouts: Timeouts = Timeouts(),
         headers: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         check_model: bool = True,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(state_dir=state_dir)
+        provider = RemoteProvider(
+            base_url,
+            api_key,
+            max_concurrency=max_concurrency,
+            max_retries=max_retries,
+            timeout=timeout,
+            rpm=rpm,
+            tpm=tpm,
+            adaptive=adaptive,
+            retry=retry,
+            rate_limits=rate_limits,
+            ejection=ejection,
+            timeouts=timeouts,
+            headers=headers,
+            ssl_context=ssl_context,
+            check_model=check_model,
+        )
+        super().__init__(provider, state_dir=state_dir)
+
+    @property
+    def base_url(self) -> str:
+        """The first endpoint's API root (without a trailing slash)."""
+        return self.provider.base_url
+
+    def endpoint_stats(self) -> list[LaneStats]:
+        """Per (endpoint, model): current concurrency limit, requests sent, successes,
+        throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
+        learned output-token estimate."""
+        return self.provider.endpoint_stats()
+
+
+class RemoteProvider(Provider):
+    """The remote fan-out as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
+    and other providers). Arguments as :class:`RemoteBatchInference`, without ``state_dir``."""
+
+    def __init__(
+        self,
+        base_url: BaseUrl,
+        api_key: str | None = None,
+        *,
+        max_concurrency: int = 64,
+        max_retries: int = 4,
+        timeout: float = 600.0,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        adaptive: AdaptiveConcurrency | bool = True,
+        retry: RetryPolicy = RetryPolicy(),
+        rate_limits: RateLimits = RateLimits(),
+        ejection: Ejection = Ejection(),
+        timeouts: Timeouts = Timeouts(),
+        headers: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        check_model: bool = True,
+    ) -> None:
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
         if max_retries < 0:
             raise ConfigurationError("max_retries must be >= 0")
         if timeout <= 0:
             raise ConfigurationError("timeout must be > 0 seconds")
-        if eject_after < 1 or eject_s < 0:
-            raise ConfigurationError("eject_after must be >= 1 and eject_s >= 0")
-        for name, value in (("rpm", rpm), ("tpm", tpm), ("rate_period_s", rate_period_s)):
+        if ejection.after < 1 or ejection.duration_s < 0:
+            raise ConfigurationError("Ejection needs after >= 1 and duration_s >= 0")
+        for name, value in (("rpm", rpm), ("tpm", tpm), ("period_s", rate_limits.period_s)):
             if value is not None and value <= 0:
                 raise ConfigurationError(f"{name} must be > 0")
         urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
         if not urls:
             raise ConfigurationError("base_url: give at least one endpoint")
-        self.endpoints = [u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls]
-        self.base_url = self.endpoints[0].url.rstrip("/")
+        self.endpoints_given = [
+            u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls
+        ]
+        self.base_url = self.endpoints_given[0].url.rstrip("/")
         self.max_concurrency = max_concurrency
-        self.adaptive = adaptive
         self.max_retries = max_retries
         self.timeout = timeout
-        self.retry_after_cap_s = retry_after_cap_s
-        self.initial_concurrency = initial_concurrency
-        self.min_concurrency = min_concurrency
-        self.increase_ratio = increase_ratio
-        self.decrease_factor = decrease_factor
-        self.cooldown_s = cooldown_s
-        self._rate_defaults = (rpm, tpm, rate_period_s, initial_output_tokens)
-        self._eject = (eject_after, eject_s)
-        self._wait = RetryWait(initial_s=backoff_initial_s, max_s=backoff_max_s)
+        self._rpm, self._tpm = rpm, tpm
+        self.adaptive = adaptive is not False
+        self._adaptive = (
+            adaptive if isinstance(adaptive, AdaptiveConcurrency) else AdaptiveConcurrency()
+        )
+        self.retry = retry
+        self.rate_limits = rate_limits
+        self.ejection = ejection
+        self.timeouts = timeouts
+        self._wait = RetryWait(initial_s=retry.backoff_initial_s, max_s=retry.backoff_max_s)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._ssl_context = ssl_context
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
-        self._vllm_probe = VllmProbe()
+        self._vllm_probe = VllmProbe(timeouts.list_models_s)
         self._dispatcher = self._build_dispatcher()  # validates the settings now
 
     def _build_dispatcher(self) -> Dispatcher:
-        rpm, tpm, period, initial_output = self._rate_defaults
         built = []
-        for spec in self.endpoints:
+        adaptive = self._adaptive
+        for spec in self.endpoints_given:
             maximum = spec.max_concurrency or self.max_concurrency
-            initial = self.initial_concurrency
+            initial = adaptive.initial
             try:
                 settings = AdaptiveSettings(
                     initial=min(16 if initial is None else initial, maximum),
-                    minimum=min(self.min_concurrency, maximum),
+                    minimum=min(adaptive.minimum, maximum),
                     maximum=maximum,
-                    increase_ratio=self.increase_ratio,
-                    decrease_factor=self.decrease_factor,
-                    cooldown_s=self.cooldown_s,
+                    increase_ratio=adaptive.increase_ratio,
+                    decrease_factor=adaptive.decrease_factor,
+                    cooldown_s=adaptive.cooldown_s,
                 )
-                pool = Pool(spec.url, self._headers, ssl_context=self._ssl_context)
+                pool = Pool(
+                    spec.url,
+                    self._headers,
+                    connect_timeout=self.timeouts.connect_s,
+                    ssl_context=self._ssl_context,
+                )
             except ValueError as exc:
                 raise ConfigurationError(f"{spec.url}: {exc}") from None
-            rates = RateLimits(
-                spec.rpm or rpm,
-                spec.tpm or tpm,
-                period_s=period,
-                initial_output_tokens=initial_output,
+            rates = RateBuckets(
+                spec.rpm or self._rpm,
+                spec.tpm or self._tpm,
+                period_s=self.rate_limits.period_s,
+                initial_output_tokens=self.rate_limits.initial_output_tokens,
             )
-            built.append(Endpoint(spec.url.rstrip("/"), pool, rates, settings, self.adaptive))
-        return Dispatcher(built, eject_after=self._eject[0], eject_s=self._eject[1])
+            built.append(Replica(spec.url.rstrip("/"), pool, rates, settings, self.adaptive))
+        return Dispatcher(built, eject_after=self.ejection.after, eject_s=self.ejection.duration_s)
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
         self._dispatcher.close()
         self._dispatcher = self._build_dispatcher()
 
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
         self._dispatcher.close()
 
-    def _window(self) -> int:
+    def window(self) -> int:
         return sum(ep.settings.maximum for ep in self._dispatcher.endpoints)
 
-    def _job_identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {"provider": "remote", "base_url": self.base_url}
 
-    def _concurrency_limit(self) -> int | None:
+    def concurrency_limit(self) -> int | None:
         return self._dispatcher.concurrency_limit()
 
     def endpoint_stats(self) -> list[LaneStats]:
@@ -220,7 +273,7 @@ class RemoteBatchInference(BaseBatchClient):
 
     # ------------------------------------------------------------------ model check
 
-    async def _check_model(self, model: str) -> None:
+    async def check_model(self, model: str) -> None:
         if not self._check_models or model in self._known_models:
             return
         listed = await self._list_models()
@@ -235,7 +288,9 @@ class RemoteBatchInference(BaseBatchClient):
         """The models of the first endpoint that answers ``GET /models``, else None."""
         for ep in self._dispatcher.endpoints:
             try:
-                resp = await ep.pool.request("GET", f"{ep.path}/models", timeout=10.0)
+                resp = await ep.pool.request(
+                    "GET", f"{ep.path}/models", timeout=self.timeouts.list_models_s
+                )
                 data = orjson.loads(resp.body) if resp.status == 200 else None
             except (HttpError, HttpTimeout, ValueError):
                 continue
@@ -246,7 +301,7 @@ class RemoteBatchInference(BaseBatchClient):
 
     # ------------------------------------------------------------------ one request
 
-    async def _execute(self, request: ChatRequest) -> ChatResult:
+    async def execute(self, request: Request) -> Result:
         body = request.body
         tools = None
         if request.tool_prompt_format is not None and mentions_tools(body):
@@ -264,7 +319,7 @@ class RemoteBatchInference(BaseBatchClient):
             apply_to_body(tools, result.body)
         return result
 
-    async def _send(self, body: dict[str, Any]) -> ChatResult:
+    async def _send(self, body: dict[str, Any]) -> Result:
         model = str(body.get("model"))
         data = orjson.dumps(body)
         try:  # the fast path: one attempt, no retry machinery
@@ -274,7 +329,7 @@ class RemoteBatchInference(BaseBatchClient):
 
     async def _retry(
         self, model: str, body: dict[str, Any], data: bytes, first: RetryableFailure
-    ) -> ChatResult:
+    ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
         told_when = _told_when(first)  # the server said when to retry: pauses do not hold it
@@ -309,9 +364,9 @@ class RemoteBatchInference(BaseBatchClient):
         model: str,
         body: dict[str, Any],
         data: bytes,
-        avoid: Endpoint | None,
+        avoid: Replica | None,
         past_pause: bool = False,
-    ) -> ChatResult:
+    ) -> Result:
         """Send once. Returns the final result, or raises ``RetryableFailure``."""
         dispatcher = self._dispatcher
         lane = dispatcher.try_acquire(model, avoid, past_pause)
@@ -320,7 +375,9 @@ class RemoteBatchInference(BaseBatchClient):
                 lane = await dispatcher.acquire(model, avoid, past_pause)
             except EndpointUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
-                raise RetryableFailure(result, min(exc.wait_s, self.retry_after_cap_s)) from None
+                raise RetryableFailure(
+                    result, min(exc.wait_s, self.retry.retry_after_cap_s)
+                ) from None
         ep = lane.endpoint
         try:
             rates = ep.rates
@@ -354,7 +411,7 @@ class RemoteBatchInference(BaseBatchClient):
         raw: bytes,
         sent_at: float,
         cost: float,
-    ) -> ChatResult:
+    ) -> Result:
         latency = time.monotonic() - sent_at
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
@@ -372,7 +429,7 @@ class RemoteBatchInference(BaseBatchClient):
         result.latency_s = latency
         result.request_id = request_id
         if status in THROTTLE_STATUS:
-            wait = parse_retry_after(headers.get("retry-after"), cap_s=self.retry_after_cap_s)
+            wait = parse_retry_after(headers.get("retry-after"), cap_s=self.retry.retry_after_cap_s)
             dispatcher.on_throttle(lane, sent_at, wait)
             raise RetryableFailure(result, wait)
         if status in EJECTING_STATUS:
@@ -388,7 +445,7 @@ def _told_when(failure: RetryableFailure) -> bool:
     return failure.retry_after_s is not None and failure.result.status_code in THROTTLE_STATUS
 
 
-def _parse_success(status: int, raw: bytes) -> ChatResult:
+def _parse_success(status: int, raw: bytes) -> Result:
     """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` (never an empty
     success: peer lesson 14, case C14)."""
     try:
@@ -404,10 +461,10 @@ def _parse_success(status: int, raw: bytes) -> ChatResult:
             :200
         ].decode("utf-8", "replace")
         return _bad_upstream(status, f"answer without choices: {detail}")
-    return ChatResult(status_code=status, body=body)
+    return Result(status_code=status, body=body)
 
 
-def _bad_upstream(status: int, message: str) -> ChatResult:
+def _bad_upstream(status: int, message: str) -> Result:
     result = failed(ErrorCode.bad_upstream_response, message)
     assert result.error is not None
     result.error.status_code = status

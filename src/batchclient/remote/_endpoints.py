@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 from ._adaptive import AdaptiveLimit, AdaptiveSettings
 from ._http import Pool
-from ._rates import RateLimits
+from ._rates import RateBuckets
 
-__all__ = ["Dispatcher", "Endpoint", "EndpointUnavailable", "Lane", "LaneStats"]
+__all__ = ["Dispatcher", "EndpointUnavailable", "Lane", "LaneStats", "Replica"]
 
 
 class EndpointUnavailable(Exception):
@@ -69,7 +69,7 @@ class LaneStats:
 
 @dataclass(eq=False)
 class Lane:
-    endpoint: Endpoint
+    endpoint: Replica
     model: str
     control: AdaptiveLimit
     in_use: int = 0
@@ -87,12 +87,12 @@ class Lane:
 
 
 @dataclass(eq=False)
-class Endpoint:
+class Replica:
     """One replica. ``base_url`` ends in ``/v1``."""
 
     base_url: str
     pool: Pool
-    rates: RateLimits
+    rates: RateBuckets
     settings: AdaptiveSettings
     adaptive: bool
     path: str = ""
@@ -116,14 +116,14 @@ class Endpoint:
         return lane
 
 
-Waiter = tuple["Endpoint | None", "asyncio.Future[Lane]"]
+Waiter = tuple["Replica | None", "asyncio.Future[Lane]"]
 _NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their Retry-After
 
 
 class Dispatcher:
     """Hands out lane slots across endpoints (see the module docstring)."""
 
-    def __init__(self, endpoints: list[Endpoint], *, eject_after: int, eject_s: float) -> None:
+    def __init__(self, endpoints: list[Replica], *, eject_after: int, eject_s: float) -> None:
         self.endpoints = endpoints
         self.eject_after = eject_after
         self.eject_s = eject_s
@@ -131,7 +131,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ choosing a lane
 
-    def _pick(self, model: str, avoid: Endpoint | None, past_pause: bool = False) -> Lane | None:
+    def _pick(self, model: str, avoid: Replica | None, past_pause: bool = False) -> Lane | None:
         """The least-loaded lane with a free slot, or None. While some usable endpoint has
         rpm/tpm room, endpoints without it are skipped (better to wait for a slot there than to
         hold one here waiting for the bucket); the endpoint to avoid comes last."""
@@ -160,7 +160,7 @@ class Dispatcher:
         return best
 
     def try_acquire(
-        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
+        self, model: str, avoid: Replica | None = None, past_pause: bool = False
     ) -> Lane | None:
         if self._waiters.get((model, _RETRY)) or (
             not past_pause and self._waiters.get((model, _NEW))
@@ -172,7 +172,7 @@ class Dispatcher:
         return lane
 
     async def acquire(
-        self, model: str, avoid: Endpoint | None = None, past_pause: bool = False
+        self, model: str, avoid: Replica | None = None, past_pause: bool = False
     ) -> Lane:
         """A slot on a lane for ``model`` (``lane.in_use`` already counts it); waits while
         every usable lane is full or paused (``past_pause``: the caller already waited the
@@ -271,21 +271,21 @@ class Dispatcher:
         if connection or others_in:
             self.eject(ep)
 
-    def pause(self, ep: Endpoint, until: float) -> None:
+    def pause(self, ep: Replica, until: float) -> None:
         if until <= ep.paused_until:
             return
         ep.paused_until = until
         loop = asyncio.get_running_loop()
         loop.call_later(until - time.monotonic(), self._pause_ended, ep, until)
 
-    def _pause_ended(self, ep: Endpoint, until: float) -> None:
+    def _pause_ended(self, ep: Replica, until: float) -> None:
         if ep.paused_until != until:  # extended meanwhile: a later timer ends it
             return
         for lane in ep.lanes.values():
             lane.ramp = max(lane.control.settings.minimum, math.ceil(lane.control.limit / 2))
         self._grant_all()
 
-    def eject(self, ep: Endpoint) -> None:
+    def eject(self, ep: Replica) -> None:
         ep.ejected_until = time.monotonic() + self.eject_s
         ep.ejections += 1
         ep.failures = self.eject_after - 1  # on probation when it returns

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiolimiter import AsyncLimiter
 
-__all__ = ["RateLimits", "estimate_prompt_tokens"]
+__all__ = ["RateBuckets", "estimate_prompt_tokens"]
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
@@ -41,7 +41,7 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, chars // 4)
 
 
-class RateLimits:
+class RateBuckets:
     """The rpm/tpm buckets of one endpoint (either may be None) and the learned output size."""
 
     def __init__(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import RetryCallState, wait_exponential_jitter
 
 if TYPE_CHECKING:
-    from .._wire import ChatResult
+    from .._core.request import Result
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
 # Throttles: they cut the adaptive concurrency limit (and pause the endpoint when they carry
@@ -39,9 +39,7 @@ class RetryableFailure(Exception):
     the server's ``Retry-After`` in seconds (already capped), if any, and the endpoint that
     failed, which the retry avoids when another is available."""
 
-    def __init__(
-        self, result: ChatResult, retry_after_s: float | None = None, *, endpoint: Any = None
-    ):
+    def __init__(self, result: Result, retry_after_s: float | None = None, *, endpoint: Any = None):
         super().__init__(result.error.message if result.error else "retryable failure")
         self.result = result
         self.retry_after_s = retry_after_s

@@ -19,22 +19,21 @@ from collections.abc import Sequence
 import anyio
 import orjson
 
-from .._wire import ChatResult, failed
+from .._core.request import Result, failed
 from ..errors import ErrorCode
-from ._endpoints import Endpoint
+from ._endpoints import Replica
 from ._http import HttpError, HttpTimeout
-
-_PROBE_TIMEOUT_S = 10.0
 
 
 class VllmProbe:
     """Whether endpoints are vLLM servers, asked once per endpoint (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        self._timeout_s = timeout_s
         self._known: dict[str, bool] = {}
         self._lock = anyio.Lock()
 
-    async def is_vllm(self, endpoint: Endpoint) -> bool | None:
+    async def is_vllm(self, endpoint: Replica) -> bool | None:
         """True/False once known; None when the endpoint could not be asked (not cached)."""
         if endpoint.base_url in self._known:
             return self._known[endpoint.base_url]
@@ -43,7 +42,7 @@ class VllmProbe:
                 return self._known[endpoint.base_url]
             try:
                 resp = await endpoint.pool.request(
-                    "GET", f"{endpoint.path}/models", timeout=_PROBE_TIMEOUT_S
+                    "GET", f"{endpoint.path}/models", timeout=self._timeout_s
                 )
             except (HttpError, HttpTimeout):
                 return None
@@ -51,7 +50,7 @@ class VllmProbe:
             self._known[endpoint.base_url] = verdict
             return verdict
 
-    async def grammar_refusal(self, endpoints: Sequence[Endpoint]) -> ChatResult | None:
+    async def grammar_refusal(self, endpoints: Sequence[Replica]) -> Result | None:
         """None when every endpoint is (or may be) vLLM; else the item's refusal."""
         others = []
         for endpoint in endpoints:

@@ -1,4 +1,4 @@
-"""One run of one mode in a fresh process: ``python -m batchclient._bench._child SPEC.json``.
+"""One run of one mode in a fresh process: ``python -m batchclient.cli._bench._child SPEC.json``.
 
 A fresh process per run makes the peak RSS that mode's own (a high-water mark cannot be reset
 in a process that already ran another mode), keeps two engines from ever running at once, and

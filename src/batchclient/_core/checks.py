@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
-from .errors import ErrorCode
-from .types import BatchItemError, ToolCall
+from ..errors import ErrorCode
+from ..types import BatchItemError, ToolCall
 
 if TYPE_CHECKING:
-    from ._wire import ChatRequest
+    from .request import Request
 
 
 @lru_cache(maxsize=256)
@@ -43,7 +43,7 @@ def _bad(code: ErrorCode, message: str, raw: str, param: str) -> BatchItemError:
 
 
 def parse_tool_calls(
-    request: ChatRequest, wire_calls: list[Any]
+    request: Request, wire_calls: list[Any]
 ) -> tuple[list[ToolCall], BatchItemError | None]:
     """OpenAI ``message.tool_calls`` to ``ToolCall`` objects, each checked against its tool."""
     calls: list[ToolCall] = []
@@ -121,7 +121,7 @@ def grammar_of(body: dict[str, Any]) -> str | None:
 
 
 def check_answer(
-    request: ChatRequest, message: dict[str, Any], text: str, finish_reason: str = "stop"
+    request: Request, message: dict[str, Any], text: str, finish_reason: str = "stop"
 ) -> tuple[list[ToolCall], BatchItemError | None]:
     """Parse and check one answer: returns its tool calls, or the item's error.
 

@@ -12,6 +12,8 @@ from batchclient import (
     GreedySamplingStrategy,
     JsonSchemaResponseFormat,
     LogProbConfig,
+    Request,
+    Result,
     SamplingParams,
     StopReason,
     SystemMessage,
@@ -23,17 +25,8 @@ from batchclient import (
     TopPSamplingStrategy,
     UserMessage,
 )
-from batchclient._wire import (
-    LOGPROB_FLOOR,
-    ChatRequest,
-    ChatResult,
-    build_body,
-    http_error,
-    message_to_wire,
-    sampling_to_wire,
-    to_response,
-    tool_to_wire,
-)
+from batchclient._core.decode import LOGPROB_FLOOR, http_error, to_response
+from batchclient._core.encode import build_body, message_to_wire, sampling_to_wire, tool_to_wire
 from batchclient.types import coerce_messages
 
 
@@ -154,12 +147,12 @@ def test_build_body_carries_format_and_logprobs() -> None:
     assert body["max_tokens"] == 4 and body["temperature"] == 0.0
 
 
-def _ok(body: dict) -> ChatResult:
-    return ChatResult(status_code=200, body=body, latency_s=0.5)
+def _ok(body: dict) -> Result:
+    return Result(status_code=200, body=body, latency_s=0.5)
 
 
 def test_finish_reasons_and_metrics() -> None:
-    req = ChatRequest(index=0, body={}, custom_id="x")
+    req = Request(index=0, body={}, custom_id="x")
     for finish, reason in [
         ("stop", StopReason.end_of_turn),
         ("length", StopReason.out_of_tokens),
@@ -183,7 +176,7 @@ def test_finish_reasons_and_metrics() -> None:
 
 
 def test_tool_calls_finish_is_end_of_message() -> None:
-    req = ChatRequest(index=0, body={})
+    req = Request(index=0, body={})
     r = to_response(
         req,
         _ok(
@@ -208,7 +201,7 @@ def test_tool_calls_finish_is_end_of_message() -> None:
 
 
 def test_logprobs_are_clamped_to_a_finite_floor() -> None:
-    req = ChatRequest(index=0, body={})
+    req = Request(index=0, body={})
     r = to_response(
         req,
         _ok(
@@ -241,7 +234,7 @@ def test_logprobs_are_clamped_to_a_finite_floor() -> None:
 
 
 def test_answer_without_choices_is_an_error_not_an_empty_success() -> None:
-    r = to_response(ChatRequest(index=0, body={}), _ok({"error": {"message": "x"}}))
+    r = to_response(Request(index=0, body={}), _ok({"error": {"message": "x"}}))
     assert r.completion_message is None
     assert r.error is not None and r.error.code == "bad_upstream_response"
 

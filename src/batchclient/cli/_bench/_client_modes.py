@@ -38,7 +38,7 @@ async def run_remote(
     """``sequential`` (``spec.concurrency`` 1) and ``remote``: one
     ``RemoteBatchInference.batch_chat_completion`` call with a fixed in-flight limit
     (``adaptive=False``: the limit is the one asked for)."""
-    from ..remote import RemoteBatchInference
+    from ...remote import RemoteBatchInference
 
     async with RemoteBatchInference(
         spec.base_url, max_concurrency=spec.concurrency, adaptive=False
@@ -51,7 +51,7 @@ async def timed_batch(
 ) -> tuple[list[RequestFigures], float]:
     """Warm ``client`` up (when asked), then time one ``batch_chat_completion`` over every
     request (greedy, ``ignore_eos``); any batchclient provider."""
-    from ..types import SamplingParams
+    from ...types import SamplingParams
 
     if spec.warmup:
         await client.batch_chat_completion(

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 from ._spec import BenchRequest
 
 
@@ -17,7 +17,7 @@ def sharegpt_requests(n: int, *, seed: int, max_tokens: int) -> list[BenchReques
     """``n`` ShareGPT conversations (:func:`batchclient.datasets.sample_sharegpt`: first human
     turn as the prompt, prompts of 4-1,024 tokens, fixed ``seed``); ``max_tokens`` of each is
     the reference reply's length in tokens, capped at ``max_tokens``."""
-    from ..datasets import sample_sharegpt
+    from ...datasets import sample_sharegpt
 
     samples = sample_sharegpt(n, seed=seed, max_output_tokens=max_tokens)
     return [

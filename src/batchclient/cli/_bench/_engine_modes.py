@@ -42,7 +42,7 @@ async def run_inline(
     """``inline``: one ``VLLMBatchInference.batch_chat_completion`` call over every request.
     ``client``: an already open ``VLLMBatchInference`` to use instead of starting one (tests
     reuse their session engine this way)."""
-    from ..inline import VLLMBatchInference
+    from ...inline import VLLMBatchInference
 
     if client is not None:
         return await timed_batch(client, spec, requests)

@@ -30,8 +30,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ErrorCode
-from .types import ToolPromptFormat
+from ..errors import ErrorCode
+from ..types import ToolPromptFormat
 
 
 class ToolRefusal(Exception):

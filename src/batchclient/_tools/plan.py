@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._tool_formats import (
+from ..types import ToolPromptFormat
+from .formats import (
     ToolRefusal,
     call_entry,
     decode_json_prefix,
@@ -31,7 +32,6 @@ from ._tool_formats import (
     text_of,
     with_system_prompt,
 )
-from .types import ToolPromptFormat
 
 __all__ = [
     "DEFAULT_FORMAT",

@@ -33,9 +33,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ._client import BaseBatchClient
-from .errors import ConfigurationError
-from .types import BatchJob
+from .._core.client import BatchClient
+from ..errors import ConfigurationError
+from ..types import Batch
 
 RUN_KEY = "batchclient_run"
 _ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -104,12 +104,12 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace) -> BaseBatchClient:
+def make_client(args: argparse.Namespace) -> BatchClient:
     state_dir = getattr(args, "state_dir", None)
     if args.provider == "remote":
         if not args.base_url:
             raise ConfigurationError("--provider remote needs --base-url")
-        from .remote import RemoteBatchInference
+        from ..remote import RemoteBatchInference
 
         return RemoteBatchInference(
             args.base_url,
@@ -128,7 +128,7 @@ def make_client(args: argparse.Namespace) -> BaseBatchClient:
             engine_args[key] = json.loads(value)
         except ValueError:
             engine_args[key] = value
-    from .inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
+    from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
 
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
     return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
@@ -154,16 +154,17 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if job.status == "completed" else 1
 
 
-async def _run(client: BaseBatchClient, args: argparse.Namespace, console: Console) -> BatchJob:
+async def _run(client: BatchClient, args: argparse.Namespace, console: Console) -> Batch:
     async with client:
         sha = await anyio.to_thread.run_sync(_sha256, args.input)
-        identity = json.dumps(client._job_identity(), sort_keys=True)
+        identity = json.dumps(client.provider.identity(), sort_keys=True)
         key = hashlib.sha256(f"{sha}\n{identity}".encode()).hexdigest()[:40]
-        previous = [j for j in await client.list_jobs() if (j.metadata or {}).get(RUN_KEY) == key]
+        previous = [
+            j for j in await client.batches.list() if (j.metadata or {}).get(RUN_KEY) == key
+        ]
         latest = previous[0] if previous else None
-        manager = client._manager()
         if latest is not None and latest.status in _ACTIVE:
-            if not manager.is_running_here(latest.id):
+            if not client.batches.running_here(latest.id):
                 raise ConfigurationError(
                     f"job {latest.id} for this input is being run by another process "
                     "(see `batchclient jobs status`)"
@@ -188,13 +189,11 @@ async def _run(client: BaseBatchClient, args: argparse.Namespace, console: Conso
             console.print(f"started job {job_id}{note}")
         job = await _follow(client, job_id, console, show=not args.no_progress)
         if job.status != "failed":
-            await manager.export(job_id, args.output, args.errors)
+            await client.batches.export(job_id, args.output, args.errors)
         return job
 
 
-async def _follow(
-    client: BaseBatchClient, job_id: str, console: Console, *, show: bool
-) -> BatchJob:
+async def _follow(client: BatchClient, job_id: str, console: Console, *, show: bool) -> Batch:
     """Poll the job until it is terminal, drawing done/failed/total, tokens/s and ETA."""
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -206,7 +205,7 @@ async def _follow(
         TimeRemainingColumn(),
         TimeElapsedColumn(),
     )
-    job = await client.job_info(job_id)
+    job = await client.batches.retrieve(job_id)
     start_tokens, started = job.usage.output_tokens, time.monotonic()
     with Progress(*columns, console=console, disable=not show, transient=False) as progress:
         task = progress.add_task(
@@ -226,7 +225,7 @@ async def _follow(
             if job.status not in _ACTIVE:
                 return job
             await anyio.sleep(0.25)
-            job = await client.job_info(job_id)
+            job = await client.batches.retrieve(job_id)
 
 
 def _sha256(path: Path) -> str:

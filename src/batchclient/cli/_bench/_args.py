@@ -7,7 +7,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 from ._spec import ALL_MODES, ENGINE_MAX_NUM_SEQS, KV_CACHE_GIB
 
 

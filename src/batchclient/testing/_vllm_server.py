@@ -1,18 +1,4 @@
-"""Test helpers: real servers on loopback for tests, demos and benchmarks.
-
-Sections:
-
-- **vLLM OpenAI server** (:func:`vllm_server`, :func:`free_port`): the real
-  ``vllm.entrypoints.openai.api_server`` in a child process group, started and torn down by a
-  plain context manager.
-- **Fault-injecting stub server** (:class:`StubServer`, :class:`Fault`, :class:`StubReply`): an
-  OpenAI-compatible loopback server with latency, capacity, ``Retry-After``, 5xx bursts,
-  connection resets and malformed bodies on demand (defined in ``batchclient._stub``), in a
-  background thread or as its own process (:class:`StubProcess`,
-  ``python -m batchclient.testing stub --help``).
-- **Counting proxy** (:class:`CountingProxy`): forwards to a real server and counts each request
-  it forwards, to tell what was sent twice (defined in ``batchclient._proxy``).
-"""
+"""The real vLLM OpenAI server on loopback, in a child process group (:func:`vllm_server`)."""
 
 from __future__ import annotations
 
@@ -30,27 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._proxy import CountingProxy
-from ._stub import Fault, StubReply, StubServer, StubStats
-from ._stub_cli import StubProcess
-from .errors import EndpointError
-from .models import resolve_model
+from ..errors import EndpointError
+from ..models import resolve_model
 
-__all__ = [
-    "CountingProxy",
-    "Fault",
-    "StubProcess",
-    "StubReply",
-    "StubServer",
-    "StubStats",
-    "free_port",
-    "vllm_server",
-]
+__all__ = ["free_port", "vllm_server"]
 
-
-# ---------------------------------------------------------------------------------------------
-# vLLM OpenAI server
-# ---------------------------------------------------------------------------------------------
 
 DEFAULT_KV_CACHE_GIB = 2
 """KV cache given to the server when neither the environment nor the caller sizes it.
@@ -278,9 +248,3 @@ def _last_exception_line(text: str) -> str | None:
         if ":" in line and head.endswith(("Error", "Exception")) and " " not in head:
             return line.strip()[:300]
     return None
-
-
-if __name__ == "__main__":  # python -m batchclient.testing stub ...
-    from ._stub_cli import main
-
-    main()

@@ -21,18 +21,17 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ._wire import ChatRequest, ChatResult, failed
-from .errors import ErrorCode
-from .types import BatchProgress
+from ..errors import ErrorCode
+from ..types import BatchProgress, ProgressCallback
+from .request import Request, Result, failed
 
-Execute = Callable[[ChatRequest], Awaitable[ChatResult]]
-OnResult = Callable[[ChatRequest, ChatResult], Awaitable[None] | None]
-ProgressCallback = Callable[[BatchProgress], None]
+Execute = Callable[[Request], Awaitable[Result]]
+OnResult = Callable[[Request, Result], Awaitable[None] | None]
 
 
 async def _aiter(
-    items: Iterable[ChatRequest] | AsyncIterable[ChatRequest],
-) -> AsyncIterator[ChatRequest]:
+    items: Iterable[Request] | AsyncIterable[Request],
+) -> AsyncIterator[Request]:
     if isinstance(items, AsyncIterable):
         async for item in items:
             yield item
@@ -43,7 +42,7 @@ async def _aiter(
 
 async def run_requests(
     execute: Execute,
-    requests: Iterable[ChatRequest] | AsyncIterable[ChatRequest],
+    requests: Iterable[Request] | AsyncIterable[Request],
     *,
     window: int,
     on_result: OnResult,
@@ -51,7 +50,7 @@ async def run_requests(
     """Run every request with at most ``window`` in flight; call ``on_result(request, result)``
     once per request as it completes (in completion order).
 
-    ``execute`` must turn every failure of one request into a failed ``ChatResult``; an
+    ``execute`` must turn every failure of one request into a failed ``Result``; an
     exception that escapes it anyway (a bug) becomes that item's ``internal_error`` so the rest
     of the batch still finishes. Requests that already carry an ``error`` (refused before
     dispatch) are reported without being executed. Raises only what ``on_result`` raises, and
@@ -61,14 +60,14 @@ async def run_requests(
         raise ValueError("window must be >= 1")
     is_async = inspect.iscoroutinefunction(on_result)
     if isinstance(requests, AsyncIterable):
-        source: AsyncIterator[ChatRequest] = _aiter(requests)
+        source: AsyncIterator[Request] = _aiter(requests)
         lock: anyio.Lock | None = anyio.Lock()
         sync_iter = None
     else:
         sync_iter = iter(requests)
         lock = None
 
-    async def next_request() -> ChatRequest | None:
+    async def next_request() -> Request | None:
         if sync_iter is not None:
             return next(sync_iter, None)
         assert lock is not None
@@ -81,7 +80,7 @@ async def run_requests(
             if request is None:
                 return
             if request.error is not None:
-                result = ChatResult(status_code=None, body=None, error=request.error)
+                result = Result(status_code=None, body=None, error=request.error)
             else:
                 try:
                     result = await execute(request)
@@ -114,7 +113,7 @@ class ProgressTracker:
     started: float = field(default_factory=time.perf_counter)
     _last: float = 0.0
 
-    def record(self, result: ChatResult, ok: bool) -> None:
+    def record(self, result: Result, ok: bool) -> None:
         if ok:
             self.completed += 1
         else:

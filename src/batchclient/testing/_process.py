@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 async def _run_fast(args: argparse.Namespace, done: threading.Event) -> None:
-    from ._stub_fast import FastStub, serve_fast
+    from ._fast_stub import FastStub, serve_fast
 
     stub = FastStub(
         latency_s=args.latency,

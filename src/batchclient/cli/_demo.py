@@ -14,8 +14,7 @@ then stops the server and runs the same conversations
 then prints a table (requests, output tokens, wall time, output tokens/s, speedup over one at a
 time) and writes every answer to a JSONL file whose path it prints.
 
-    python -m batchclient.demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline]
-                               [--out DIR]
+    batchclient demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,12 +32,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._client import BaseBatchClient
-from .datasets import SharegptSample, sample_sharegpt
-from .inline import VLLMBatchInference
-from .remote import RemoteBatchInference
-from .testing import vllm_server
-from .types import BatchChatCompletionResponse, BatchProgress, SamplingParams
+from .._core.client import BatchClient
+from ..datasets import SharegptSample, sample_sharegpt
+from ..inline import VLLMBatchInference
+from ..remote import RemoteBatchInference
+from ..testing import vllm_server
+from ..types import BatchChatCompletionResponse, BatchProgress, SamplingParams
 
 
 @dataclass
@@ -79,7 +78,7 @@ async def _run_inline(samples: Sequence[SharegptSample], cap: int, console: Cons
 
 
 async def _run(
-    client: BaseBatchClient,
+    client: BatchClient,
     mode: str,
     samples: Sequence[SharegptSample],
     cap: int,
@@ -184,8 +183,7 @@ async def _main(args: argparse.Namespace) -> None:
     console.print(f"Every answer: {path.resolve()}")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m batchclient.demo", description=__doc__)
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", type=int, default=200, help="conversations (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument(
@@ -202,9 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="skip the inline (in-process vLLM engine) run",
     )
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
-    args = parser.parse_args(argv)
+
+
+def demo_command(args: argparse.Namespace) -> int:
     anyio.run(_main, args)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
+import batchclient
+
+from ...errors import ConfigurationError
 from . import _report
 from ._args import check_args, command_line
 from ._spec import (
@@ -111,7 +113,7 @@ def plan(args: argparse.Namespace) -> list[ModeRow]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every planned mode ``--repeat`` times; return the report (what the JSON holds)."""
-    from ..models import resolve_model
+    from ...models import resolve_model
 
     check_args(args)
     started, started_at = time.monotonic(), _report.stamp()
@@ -190,7 +192,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
     if args.base_url:
         yield args.base_url.rstrip("/")
         return
-    from ..testing import vllm_server
+    from ...testing import vllm_server
 
     _say("starting the vLLM server ...")
     with vllm_server(
@@ -244,11 +246,11 @@ def _child(spec: RunSpec, stem: Path, timeout: float) -> RunFigures | str:
         "TOKENIZERS_PARALLELISM": "false",
         # the child runs this very copy of batchclient, whatever the venv's install points at
         "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2])]
+            [str(Path(batchclient.__file__).resolve().parents[1])]
             + [x for x in [os.environ.get("PYTHONPATH")] if x]
         ),
     }
-    cmd = [sys.executable, "-m", "batchclient._bench._child", str(spec_file)]
+    cmd = [sys.executable, "-m", "batchclient.cli._bench._child", str(spec_file)]
     with log_file.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
         try:

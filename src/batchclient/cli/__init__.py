@@ -1,0 +1,127 @@
+"""The ``batchclient`` command: ``run`` an OpenAI batch file (like ``vllm run-batch``, but durable
+and resumable), manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
+requests (guide: ``docs/benchmarks.md``).
+
+    batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
+                    --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
+                  | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
+    batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
+    batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
+
+``run`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
+directory). Subcommands register themselves in :data:`COMMANDS`; add one with a function that
+takes the subparsers and the shared parent parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import BatchClientError, ConfigurationError
+from ..jobs import default_state_dir
+
+Handler = Callable[[argparse.Namespace], int]
+Register = Callable[
+    ["argparse._SubParsersAction[argparse.ArgumentParser]", argparse.ArgumentParser], None
+]
+
+
+def _add_run(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._run import add_run_arguments, run_command
+
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run an OpenAI batch JSONL file to an output file (resumable)",
+        description="Run every request of an OpenAI batch input file and write the OpenAI batch "
+        "output lines. Durable: results are committed to the state directory as they complete; "
+        "run the same command again after an interruption and only unfinished requests are sent. "
+        "A finished job is not run again: its output files are rebuilt.",
+    )
+    add_run_arguments(p)
+    p.set_defaults(func=run_command)
+
+
+def _add_jobs(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._jobs import add_jobs_arguments
+
+    p = sub.add_parser("jobs", parents=[common], help="list, inspect, cancel and export jobs")
+    add_jobs_arguments(p, common)
+
+
+def _add_bench(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._bench import add_arguments, bench_command
+
+    p = sub.add_parser(
+        "bench",
+        help="benchmark every mode on identical ShareGPT requests: table, JSON and chart",
+        description="The original experiment in one run: one request at a time (sequential), "
+        "batchclient's remote fan-out and inline engine, raw vllm.LLM.chat (the ceiling) and "
+        "peer clients (AsyncOpenAI + semaphore, litellm) on identical requests. Prints a "
+        "Markdown table; writes NAME.json, NAME.png and NAME.md under --out. Guide: "
+        "docs/benchmarks.md.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=bench_command)
+
+
+def _add_demo(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._demo import add_demo_arguments, demo_command
+
+    p = sub.add_parser(
+        "demo",
+        help="the main job: ShareGPT conversations through a local vLLM server, batched and not",
+        description="Sample ShareGPT V3 conversations, start the real vLLM OpenAI server with the "
+        "bundled model, run them with many in flight and a few one at a time, print the table and "
+        "write every answer (what `make demo` runs first).",
+    )
+    add_demo_arguments(p)
+    p.set_defaults(func=demo_command)
+
+
+COMMANDS: list[Register] = [_add_run, _add_jobs, _add_bench, _add_demo]
+"""Subcommand registrars, in help order."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=argparse.SUPPRESS,  # so `jobs --state-dir X list` is not reset by `list`
+        help=f"where files, jobs and results are kept (default: {default_state_dir()})",
+    )
+    parser = argparse.ArgumentParser(prog="batchclient", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in COMMANDS:
+        register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``batchclient`` console script; returns the exit status (0 success,
+    1 a job that did not complete or an error, 2 bad usage, 130 interrupted)."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    except ConfigurationError as exc:
+        print(f"batchclient: {exc}", file=sys.stderr)
+        return 2
+    except BatchClientError as exc:
+        print(f"batchclient: {exc}", file=sys.stderr)
+        return 1

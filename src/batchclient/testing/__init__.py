@@ -1,0 +1,27 @@
+"""Real servers on loopback for tests, demos and benchmarks.
+
+- :func:`vllm_server`, :func:`free_port`: the real vLLM OpenAI server in a child process group,
+  started and torn down by a plain context manager.
+- :class:`StubServer`, :class:`Fault`, :class:`StubReply`: an OpenAI-compatible stub server with
+  latency, capacity, ``Retry-After``, 5xx bursts, connection resets and malformed bodies on
+  demand, in a background thread; :class:`StubProcess` runs it as its own process
+  (``python -m batchclient.testing stub --help``).
+- :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
+  was sent twice.
+"""
+
+from ._process import StubProcess
+from ._proxy import CountingProxy
+from ._stub import Fault, StubReply, StubServer, StubStats
+from ._vllm_server import free_port, vllm_server
+
+__all__ = [
+    "CountingProxy",
+    "Fault",
+    "StubProcess",
+    "StubReply",
+    "StubServer",
+    "StubStats",
+    "free_port",
+    "vllm_server",
+]
