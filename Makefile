@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 # skipped because the benchmark runs inline (and raw vLLM) on the same sample. Under 10 min on an
 # idle 2-core CPU (15 min measured on a busy shared one).
 demo: setup
-	$(BIN)/python -m batchclient.demo --no-inline
+	$(BIN)/batchclient demo --no-inline
 	$(BIN)/batchclient bench -n 32 --max-tokens 64 --out demo-output --name bench
 
 lint: setup
