@@ -4,6 +4,7 @@ server on loopback (real sockets, real timing)."""
 from __future__ import annotations
 
 import time
+import warnings
 
 import anyio
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from batchclient import ModelNotFoundError, RemoteBatchInference, SamplingParams
 from batchclient.errors import BatchFailedError
 from batchclient.remote import RetryPolicy
+from batchclient.remote._retry import RetryWait
 from batchclient.testing import Fault, StubReply, StubServer
 
 FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
@@ -18,6 +20,27 @@ FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 def convo(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
+
+
+def test_constructing_a_client_warns_nothing() -> None:
+    # pyproject's filterwarnings hides DeprecationWarning from the other tests; record them here
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RemoteBatchInference("http://127.0.0.1:9/v1")
+        RemoteBatchInference("http://127.0.0.1:9/v1", **FAST)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+def test_backoff_starts_at_initial_doubles_and_is_capped() -> None:
+    from tenacity import RetryCallState
+
+    wait = RetryWait(initial_s=0.5, max_s=3.0, jitter_s=0.25)
+    state = RetryCallState(None, None, (), {})
+    for attempt, low in [(1, 0.5), (2, 1.0), (3, 2.0)]:
+        state.attempt_number = attempt
+        assert low <= wait(state) <= low + 0.25
+    state.attempt_number = 10
+    assert wait(state) == 3.0
 
 
 async def test_429_with_retry_after_seconds_is_retried_after_the_wait() -> None:

@@ -73,7 +73,8 @@ class RetryWait:
     ``jitter_s``)."""
 
     def __init__(self, *, initial_s: float = 0.5, max_s: float = 30.0, jitter_s: float = 0.5):
-        self._backoff = wait_exponential_jitter(initial=initial_s, max=max_s, jitter=jitter_s)
+        # ``multiplier`` is the first wait (tenacity >= 9.2.1; ``initial`` is its deprecated alias)
+        self._backoff = wait_exponential_jitter(multiplier=initial_s, max=max_s, jitter=jitter_s)
 
     def __call__(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
