@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import defaultdict
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import anyio
@@ -467,32 +468,38 @@ async def test_an_endpoint_answering_5xx_repeatedly_is_ejected() -> None:
 # ---------------------------------------------------------------------------- case C13
 
 
-async def test_c13_429_with_retry_after_seconds_date_and_none() -> None:
-    """Case C13: 20 conversations, 8 in flight; the first 3 calls of each get 429 with
-    ``Retry-After: 2``, an HTTP date 2 s ahead, or nothing. All succeed; each retry waits at
-    least the server's value; attempts are bounded (4 each); concurrency drops while
-    throttled. Then an item that is always throttled runs out and reports 429."""
-    calls: dict[str, list[float]] = defaultdict(list)
-    forms = ["2", "date:2", None]
+async def test_429_with_retry_after_seconds_date_and_none() -> None:
+    """20 conversations, 8 in flight; the first 3 calls of each get 429 with
+    ``Retry-After: 1``, an HTTP date about a second ahead, or nothing (oumi PR #2516: retries
+    that ignored Retry-After were spent in seconds). All succeed; each retry waits at least the
+    server's value (for a date: until that instant); attempts are bounded (4 each);
+    concurrency drops while throttled. Then an item that is always throttled runs out and
+    reports 429."""
+    calls: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (monotonic, wall clock)
+    dates: dict[str, list[float]] = defaultdict(list)  # each HTTP date sent, as a timestamp
+    forms = ["1", "date:1", None]
 
     def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
         text = stub_module._text_of(body)
-        calls[text].append(time.monotonic())
+        calls[text].append((time.monotonic(), time.time()))
         i = int(text.split("-")[1])
         if text.startswith("hot") or (text.startswith("item") and attempt <= 3):
             reply = StubReply(status=429, body={"error": {"message": "slow down"}})
             form = forms[i % 3]
             if form is not None:
-                reply.headers["Retry-After"] = stub_module._retry_after_value(form)
+                value = stub_module._retry_after_value(form)
+                reply.headers["Retry-After"] = value
+                if form.startswith("date:"):
+                    dates[text].append(parsedate_to_datetime(value).timestamp())
             return reply
         return None
 
     limits: list[int] = []
     with StubServer(handler=handler) as stub:
         # This server throttles every item's first 3 calls whatever the load: a steady stream
-        # of throttles for the whole run, which walks the limit toward its minimum (lesson 3)
-        # and serialises the run behind the endpoint's pauses. A 10 s cool-down and a floor of
-        # 4 keep the case at ~25 s; it passes with the defaults too, only slower.
+        # of throttles for the whole run, which walks the limit toward its minimum and
+        # serialises the run behind the endpoint's pauses. A 10 s cool-down and a floor of 4
+        # keep the case short; it passes with the defaults too, only slower.
         async with RemoteBatchInference(
             stub.url,
             max_concurrency=8,
@@ -519,11 +526,14 @@ async def test_c13_429_with_retry_after_seconds_date_and_none() -> None:
     for i in range(20):
         times = calls[f"item-{i}"]
         assert len(times) == 4, f"item {i}: {len(times)} calls"
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        if forms[i % 3] == "2":
-            assert min(gaps) >= 2.0, (i, gaps)
-        elif forms[i % 3] == "date:2":
-            assert min(gaps) >= 1.0, (i, gaps)  # an HTTP date has one-second resolution
+        if forms[i % 3] == "1":
+            gaps = [b[0] - a[0] for a, b in itertools.pairwise(times)]
+            assert min(gaps) >= 1.0, (i, gaps)
+        elif forms[i % 3] == "date:1":
+            sent = dates[f"item-{i}"]
+            assert len(sent) == 3
+            # every retry comes at or after the instant the server named
+            assert all(t[1] >= d for t, d in zip(times[1:], sent, strict=True)), (i, times, sent)
     assert limits[0] == 8
     assert min(limits) < 8  # concurrency dropped while throttled
     err = exhausted.batch[0].error
