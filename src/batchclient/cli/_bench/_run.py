@@ -37,7 +37,7 @@ from ._spec import (
     RunSpec,
     save_requests,
 )
-from ._stats import ModeRow, add_ratios, bars, run_row
+from ._stats import ModeRow, add_ratios, run_row, targets
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": list(args.concurrency),
         "peer_concurrency": peer,
         "rows": [r.to_json() for r in rows],
-        "bars": bars(rows, peer),
+        "targets": targets(rows, peer),
     }
 
 
