@@ -159,8 +159,7 @@ def _converters_leave_one_complete_folder(
 
     # 2. Two converters at once: one converts, the other waits on the lock; same answer.
     runs = [
-        subprocess.Popen([sys.executable, *code], env=env, stdout=subprocess.PIPE)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, *code], env=env, stdout=subprocess.PIPE) for _ in range(2)
     ]
     outs = [r.communicate(timeout=300)[0].decode().strip() for r in runs]
     assert [r.returncode for r in runs] == [0, 0]

@@ -1,18 +1,12 @@
 """The main job (``make demo``): ShareGPT conversations through batchclient, on this machine.
 
 Samples 200 conversations from ShareGPT V3 by vLLM's benchmark rules (fixed seed), starts the
-real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them
-
-- ``remote x64``: through ``RemoteBatchInference`` with 64 in flight;
-- ``one at a time``: the first 16 with one in flight, the "without batching" baseline;
-
-then stops the server and runs the same conversations
-
-- ``inline``: through ``VLLMBatchInference`` (the vLLM engine in this process, same model and
-  context length; run after the server has stopped so the two never share memory or cores);
-
-then prints a table (requests, output tokens, wall time, output tokens/s, speedup over one at a
-time) and writes every answer to a JSONL file whose path it prints.
+real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them through
+``RemoteBatchInference`` with 64 in flight and the first 16 one at a time (the "without
+batching" baseline); then, after the server has stopped, through ``VLLMBatchInference`` (unless
+``--no-inline``). Prints a table (requests, output tokens, wall time, output tokens/s, speedup
+over one at a time) and writes every answer to a JSONL file whose path it prints. vLLM shows
+only its warnings and errors unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
 
     batchclient demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline] [--out DIR]
 """

@@ -1,14 +1,16 @@
 """``batchclient run``: one OpenAI batch file through a provider, with a live progress bar, durable
 and resumable.
 
-Resume key (peer lesson 18: content and config only): SHA-256 of the input's bytes plus the
-provider's identity (remote: base URL; inline: the model), kept in the job's metadata as
-``batchclient_run``. Running the same command again
+Resume key: the SHA-256 of the input's bytes plus the provider's identity (remote: base URL;
+inline: the model), content and configuration only (curator #143 keyed on in-memory
+fingerprints), kept in the job's metadata as ``batchclient_run``. Running the same command again
 
 - attaches to the job if it is still active (this client resumed it on entry);
-- sends nothing if it completed, and rebuilds the output files (peer lesson 17);
+- sends nothing if it completed, and rebuilds the output files (lm-evaluation-harness #2141);
 - otherwise (cancelled, expired, failed) starts a new job that reuses every successful result of
   the previous one, so only what did not succeed is sent again.
+
+Guide: ``docs/jobs.md`` ("The CLI").
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """C11: never write over the input (or errors over output)."""
+    """Never write over the input, or errors over the output (vllm PR #52505: an output path
+    equal to the input path truncated the input)."""
     inp: Path = args.input
     if not inp.is_file():
         raise ConfigurationError(f"input {inp} is not a file")

@@ -143,9 +143,7 @@ def targets(rows: list[ModeRow], peer_concurrency: int) -> list[dict[str, Any]]:
     if remote is not None and remote.rate:
         for peer in rows:
             if peer.mode in PEERS and peer.rate:
-                out.append(
-                    _target(f"{remote.label} >= {peer.label}", remote.rate / peer.rate, 1.0)
-                )
+                out.append(_target(f"{remote.label} >= {peer.label}", remote.rate / peer.rate, 1.0))
     return out
 
 
