@@ -1,4 +1,4 @@
-"""Benchmark of the inline provider (issue 3): ``VLLMBatchInference`` against raw
+"""Benchmark of the inline provider: ``VLLMBatchInference`` against raw
 ``vllm.LLM.chat`` and one conversation at a time, plus memory at 5,000 conversations.
 
     python bench/inline.py     # 30-60 min on 2 CPU cores; writes bench/results/inline.json
@@ -23,7 +23,7 @@ Modes:
   (``peak_rss_mb``, the goal's figure) and of the whole process tree including the engine's
   processes (``peak_tree_rss_mb``); ``lifetime_peak_rss_mb`` is ``ru_maxrss``.
 
-Goals (issue 3): inline / llm_chat >= 1.00 (floor 0.95); inline / one_at_a_time >= 10;
+Targets: inline / llm_chat >= 1.00 (floor 0.95); inline / one_at_a_time >= 10;
 RSS(big) - RSS(small) <= 300 MB. The figures are only as quiet as the machine: on a shared
 machine they are noisy, so re-run on a quiet one before quoting them.
 """

@@ -1,6 +1,7 @@
 """The ``batchclient`` CLI: ``run`` (output format, resume, rebuild, refusing to overwrite the
 input) and ``jobs``; crash tests that SIGKILL ``batchclient run`` mid-job and run it again
-(cases C11, C12), against the stub (exact count of what the server received)."""
+(results on disk as they complete, a re-run sends only what did not finish: vllm PR #52505,
+curator PR #730), against the stub (exact count of what the server received)."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def kill_after(proc: subprocess.Popen[bytes], state: Path, n: int, sent: Any = N
     return done_in_db(state)
 
 
-def test_c11_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_path: Path) -> None:
+def test_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_path: Path) -> None:
     inp = write_input(tmp_path / "in.jsonl", 500)
     digest = hashlib.sha256(inp.read_bytes()).hexdigest()
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
@@ -162,7 +163,7 @@ def test_c11_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_pat
     assert not out.exists()  # the output is written whole at the end, never half
 
 
-def test_c12_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> None:
+def test_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> None:
     inp = write_input(tmp_path / "in.jsonl", 300, bad=frozenset({7, 150}))
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     with StubServer(latency_s=0.02, jitter_s=0.08, record_bodies=True, handler=refusal_400) as stub:

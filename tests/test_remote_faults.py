@@ -159,8 +159,10 @@ async def test_malformed_200_bodies_are_errors_never_empty_answers() -> None:
     assert result.batch[3].text == "echo: fine"
 
 
-async def test_c14_one_failure_does_not_lose_the_others() -> None:
-    """Case C14: item 2 gets ``200 {"error": ...}``, item 4 a 401; five results in order."""
+async def test_one_failure_does_not_lose_the_others() -> None:
+    """Item 2 gets ``200 {"error": ...}``, item 4 a 401; five results in order (litellm PR
+    #3397: the first exception discarded every result; litellm #13139: a 200 without
+    ``choices`` raised KeyError)."""
     faults = [
         Fault(StubReply(body={"error": {"message": "x"}}), match="item-2"),
         Fault(StubReply(status=401, body={"error": {"message": "Invalid key"}}), match="item-4"),
@@ -280,8 +282,9 @@ async def test_client_outside_async_with_is_a_clear_error() -> None:
         await client.batch_chat_completion("m", [convo("a")])
 
 
-async def test_c15_300_conversations_finishing_out_of_order_keep_their_answers() -> None:
-    """Case C15: result i contains ``TOKEN-i`` for every i, whatever the completion order."""
+async def test_300_conversations_finishing_out_of_order_keep_their_answers() -> None:
+    """Result i contains ``TOKEN-i`` for every i, whatever the completion order (vllm #394,
+    curator PR #289: answers mapped to the wrong requests)."""
     with StubServer(latency_s=0.001, jitter_s=0.05) as stub:
         async with RemoteBatchInference(stub.url, max_concurrency=64) as client:
             result = await client.batch_chat_completion(

@@ -1,5 +1,6 @@
 """The remote provider against the real vLLM OpenAI server with the bundled model. What every
-provider must do (order, C05, cancellation, sampling params, C16) is in ``test_contract.py``."""
+provider must do (order, prompts over the context, cancellation, sampling params, batched vs
+one-at-a-time answers) is in ``test_contract.py``."""
 
 from __future__ import annotations
 
@@ -38,12 +39,13 @@ async def test_sharegpt_batch(vllm_url: str) -> None:
             assert item.completion_message.stop_reason == StopReason.out_of_tokens
 
 
-async def test_c15_order_and_attribution(vllm_url: str) -> None:
-    """Case C15 on the real server: conversations of distinct lengths, finishing out of order.
+async def test_order_and_attribution(vllm_url: str) -> None:
+    """Order and attribution on the real server (vllm #394): conversations of distinct
+    lengths, finishing out of order.
     The bundled 135M model cannot be relied on to echo ``TOKEN-i``, so attribution is proven by
     the server's own ``usage.prompt_tokens``: conversation i has a prompt of a length no other
     has, and result i must report exactly that length. 120 conversations keep the prefill short
-    on this CPU; the stub-server test runs all 300 of the case and checks the text itself."""
+    on this CPU; the stub-server test runs 300 and checks the text itself."""
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
     n = 120
     conversations = [
