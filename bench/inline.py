@@ -51,7 +51,9 @@ ENGINE_ARGS: dict[str, Any] = {
 }
 # Short and long prompts (not among the measured ones): the first large prefill on CPU pays
 # one-off kernel set-up that would otherwise land in whichever mode runs it first.
-WARMUP = [[{"role": "user", "content": f"Warm up {i}." + " word" * (300 * i)}] for i in range(4)]
+WARMUP: list[list[Any]] = [
+    [{"role": "user", "content": f"Warm up {i}." + " word" * (300 * i)}] for i in range(4)
+]
 
 
 def _samples(n: int, seed: int, cap: int) -> list[Any]:
@@ -292,7 +294,7 @@ def main() -> None:
         ratios["rss_big_minus_small_mb"] = big["peak_rss_mb"] - small["peak_rss_mb"]
         ratios["tree_rss_big_minus_small_mb"] = big["peak_tree_rss_mb"] - small["peak_tree_rss_mb"]
         goals["rss_big_minus_small_mb <= 300"] = ratios["rss_big_minus_small_mb"] <= 300
-    report = {
+    report: dict[str, Any] = {
         "command": "python bench/inline.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

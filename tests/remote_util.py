@@ -8,7 +8,7 @@ from typing import Any
 from batchclient import RemoteBatchInference
 from batchclient.remote import RetryPolicy
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)}
+FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)}
 """Retry backoff of 20-100 ms instead of 0.5-30 s, for tests that retry on purpose."""
 
 

@@ -272,7 +272,7 @@ def test_median_run_ratios_and_targets() -> None:
 def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        _run.importlib.util, "find_spec", lambda name: None if name == "litellm" else real(name)
+        importlib.util, "find_spec", lambda name: None if name == "litellm" else real(name)
     )
     parser = argparse.ArgumentParser()
     _args.add_arguments(parser)

@@ -264,7 +264,7 @@ def _sampled_tokens(item: Any) -> list[str]:
 
 def _gap(item: Any, position: int, other: str) -> float:
     """How much better the answer's own choice at ``position`` was than ``other``."""
-    step = item.logprobs[position].logprobs_by_token
+    step: dict[str, float] = item.logprobs[position].logprobs_by_token
     return max(step.values()) - step.get(other, -9999.0)
 
 

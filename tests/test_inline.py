@@ -74,7 +74,8 @@ async def test_starts_with_no_arguments_and_leaves_no_process_behind() -> None:
 
 def _children(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+        return children
     except psutil.Error:
         return []
 
@@ -126,10 +127,9 @@ async def test_metrics_tokens_ttft_and_latency(inline_client: VLLMBatchInference
         ttft, latency = item.metric("time_to_first_token"), item.metric("latency")
         assert ttft is not None and latency is not None
         assert 0 < ttft <= latency < 120
-        assert item.metric("completion_tokens") is not None
-        assert item.metric("total_tokens") == item.metric("prompt_tokens") + item.metric(
-            "completion_tokens"
-        )
+        prompt, completion = item.metric("prompt_tokens"), item.metric("completion_tokens")
+        assert prompt is not None and completion is not None
+        assert item.metric("total_tokens") == prompt + completion
 
 
 async def test_request_ids_are_unique_and_not_the_callers(

@@ -41,14 +41,14 @@ def client(stub: StubServer, state: Path, **kw: Any) -> RemoteBatchInference:
     return RemoteBatchInference(stub.url, state_dir=state, **{**FAST, **kw})
 
 
-async def run_file(c: RemoteBatchInference, lines: list[str], **kw: Any) -> Any:
+async def run_file(c: BatchClient, lines: list[str], **kw: Any) -> Any:
     record = await c.files.create(jsonl(lines))
     job = await c.schedule_batch(record.id, **kw)
     with anyio.fail_after(60):
         return await c.batches.wait(job.job_id)
 
 
-async def lines_of(c: RemoteBatchInference, file_id: str | None) -> list[dict[str, Any]]:
+async def lines_of(c: BatchClient, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [json.loads(x) for x in (await c.files.content(file_id)).decode().splitlines()]

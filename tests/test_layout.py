@@ -21,6 +21,7 @@ ROOT = Path(batchclient.__file__).parent
 LAYERS: list[tuple[str, int]] = [
     # (module or package prefix, layer): the longest matching prefix wins
     ("errors", 0),
+    ("_logs", 0),
     ("types", 1),
     ("models", 1),
     ("datasets", 2),
@@ -90,8 +91,8 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
             for alias in node.names:
                 if alias.name.startswith("batchclient."):
                     found.add(alias.name.removeprefix("batchclient."))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
 
     visit(tree)
     found.discard(module)

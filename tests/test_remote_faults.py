@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Any
 
 import anyio
 import pytest
 
-from batchclient import ModelNotFoundError, RemoteBatchInference, SamplingParams
+from batchclient import BatchProgress, ModelNotFoundError, RemoteBatchInference, SamplingParams
 from batchclient.errors import BatchFailedError
 from batchclient.remote import RetryPolicy
 from batchclient.remote._retry import RetryWait
 from batchclient.testing import Fault, StubReply, StubServer
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
+FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 
 def convo(text: str) -> list[dict[str, str]]:
@@ -35,7 +36,7 @@ def test_backoff_starts_at_initial_doubles_and_is_capped() -> None:
     from tenacity import RetryCallState
 
     wait = RetryWait(initial_s=0.5, max_s=3.0, jitter_s=0.25)
-    state = RetryCallState(None, None, (), {})
+    state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]  # no Retrying needed
     for attempt, low in [(1, 0.5), (2, 1.0), (3, 2.0)]:
         state.attempt_number = attempt
         assert low <= wait(state) <= low + 0.25
@@ -229,7 +230,7 @@ async def test_cancellation_closes_in_flight_requests_promptly() -> None:
 
 
 async def test_progress_reports_counts_and_tokens() -> None:
-    seen = []
+    seen: list[BatchProgress] = []
     faults = [Fault(StubReply(status=401), match="bad")]
     with StubServer(faults=faults) as stub:
         async with RemoteBatchInference(stub.url) as client:

@@ -93,7 +93,10 @@ async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
     """A small replica (at most 2 in flight) beside a large one (6): each gets at most its own
     limit and a share of the work in proportion; a per-endpoint rpm holds for its endpoint."""
     with StubServer(latency_s=0.05) as small, StubServer(latency_s=0.05) as large:
-        endpoints = [RemoteEndpoint(small.url, max_concurrency=2), large.url]
+        endpoints: list[str | RemoteEndpoint] = [
+            RemoteEndpoint(small.url, max_concurrency=2),
+            large.url,
+        ]
         async with RemoteBatchInference(endpoints, max_concurrency=6, adaptive=False) as client:
             result = await client.batch_chat_completion(
                 "smollm2", [convo(f"n{i}") for i in range(160)]
@@ -102,7 +105,7 @@ async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
         assert (small.stats.max_in_flight, large.stats.max_in_flight) == (2, 6)
         assert 25 <= small.stats.requests <= 55  # about 2/8 of 160
         with StubServer() as limited:
-            endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]
+            endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]  # same type as above
             async with RemoteBatchInference(
                 endpoints, rate_limits=RateLimits(period_s=1.0)
             ) as client:

@@ -153,7 +153,7 @@ async def test_every_constrained_answer_validates_against_its_own_schema(
         [{"role": "user", "content": "Name a colour."}],
         [{"role": "user", "content": "What is two plus two?"}],
     ]
-    schemas: list[dict[str, Any] | None] = [PERSON] * 10 + [TEAM, None, None]
+    schemas: list[dict[str, Any] | None] = [*[PERSON] * 10, TEAM, None, None]
     formats = [JsonSchemaResponseFormat(json_schema=s) if s else None for s in schemas]
     async with provider.open() as client:
         result = await client.batch_chat_completion(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,9 +64,11 @@ async def _run_remote(
         return await _run(client, mode, samples, cap, console)
 
 
-async def _run_inline(samples: Sequence[SharegptSample], cap: int, console: Console) -> ModeRun:
+async def _run_inline(
+    samples: Sequence[SharegptSample], cap: int, console: Console, verbose: bool
+) -> ModeRun:
     # The same model and context length as the server (vllm_server's defaults).
-    async with VLLMBatchInference(max_model_len=2048) as client:
+    async with VLLMBatchInference(max_model_len=2048, verbose=verbose) as client:
         return await _run(client, "inline", samples, cap, console)
 
 
@@ -154,7 +155,7 @@ async def _main(args: argparse.Namespace) -> None:
     samples = sample_sharegpt(args.n, seed=args.seed)
     console.print("Starting the vLLM OpenAI server with the bundled SmolLM2-135M-Instruct ...")
     runs: list[ModeRun] = []
-    with vllm_server() as url:
+    with vllm_server(verbose=args.verbose) as url:
         console.print(f"Server ready at {url}")
         mode = f"remote x{args.concurrency}"
         runs.append(
@@ -167,9 +168,7 @@ async def _main(args: argparse.Namespace) -> None:
         )
     if args.inline:
         console.print("Server stopped. Starting the vLLM engine in this process (inline) ...")
-        # vLLM reads this when first imported (now): keep its INFO lines out of the table.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        runs.append(await _run_inline(samples, args.max_tokens, console))
+        runs.append(await _run_inline(samples, args.max_tokens, console, args.verbose))
     console.print(_table(runs))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "answers.jsonl"
@@ -194,6 +193,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the inline (in-process vLLM engine) run",
     )
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything the server and the engine print (default: vLLM's warnings and "
+        "errors only; BATCHCLIENT_VERBOSE=1 does the same)",
+    )
 
 
 def demo_command(args: argparse.Namespace) -> int:

@@ -82,6 +82,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="how long the job may run, e.g. 24h, 30m (default 24h)",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="vllm: show everything vLLM prints (default: its warnings and errors only; "
+        "BATCHCLIENT_VERBOSE=1 does the same)",
+    )
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -134,7 +140,13 @@ def make_client(args: argparse.Namespace) -> BatchClient:
     from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
 
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
+    return VLLMBatchInference(
+        args.model,
+        state_dir=state_dir,
+        verbose=getattr(args, "verbose", False),
+        **max_concurrency,
+        **engine_args,
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
