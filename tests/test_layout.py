@@ -8,6 +8,7 @@ under ``if TYPE_CHECKING:`` do not (they never run). ``docs/design.md`` draws th
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,7 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in ROOT.rglob("*.py")}
     names = set(modules)

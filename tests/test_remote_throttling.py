@@ -116,7 +116,7 @@ async def test_steady_retry_after_still_reaches_the_minimum_and_recovers() -> No
 
 
 async def test_429_with_retry_after_seconds_date_and_none() -> None:
-    """20 conversations, 8 in flight; the first 3 calls of each get 429 with
+    """20 conversations, all in flight at once; the first 3 calls of each get 429 with
     ``Retry-After: 1``, an HTTP date about a second ahead, or nothing (oumi PR #2516: retries
     that ignored Retry-After were spent in seconds). All succeed; each retry waits at least the
     server's value (for a date: until that instant); attempts are bounded (4 each);
@@ -149,8 +149,8 @@ async def test_429_with_retry_after_seconds_date_and_none() -> None:
         # keep the case short; it passes with the defaults too, only slower.
         async with RemoteBatchInference(
             stub.url,
-            max_concurrency=8,
-            adaptive=AdaptiveConcurrency(minimum=4, cooldown_s=10.0),
+            max_concurrency=20,
+            adaptive=AdaptiveConcurrency(initial=20, minimum=4, cooldown_s=10.0),
             **FAST,
         ) as client:
 
@@ -181,8 +181,8 @@ async def test_429_with_retry_after_seconds_date_and_none() -> None:
             assert len(sent) == 3
             # every retry comes at or after the instant the server named
             assert all(t[1] >= d for t, d in zip(times[1:], sent, strict=True)), (i, times, sent)
-    assert limits[0] == 8
-    assert min(limits) < 8  # concurrency dropped while throttled
+    assert limits[0] == 20
+    assert min(limits) < 20  # concurrency dropped while throttled
     err = exhausted.batch[0].error
     assert err is not None and (err.code, err.status_code) == ("rate_limited", 429)
     assert len(calls["hot-2"]) == 3  # 1 + max_retries, then stop

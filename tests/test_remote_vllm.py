@@ -5,7 +5,6 @@ one-at-a-time answers) is in ``test_contract.py``."""
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
 from batchclient import RemoteBatchInference, SamplingParams, StopReason
 from batchclient.datasets import sample_sharegpt
@@ -46,6 +45,8 @@ async def test_order_and_attribution(vllm_url: str) -> None:
     the server's own ``usage.prompt_tokens``: conversation i has a prompt of a length no other
     has, and result i must report exactly that length. 120 conversations keep the prefill short
     on this CPU; the stub-server test runs 300 and checks the text itself."""
+    from transformers import AutoTokenizer  # slow to import: only where it is used
+
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
     n = 120
     conversations = [
