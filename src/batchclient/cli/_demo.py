@@ -9,6 +9,7 @@ over one at a time) and writes every answer to a JSONL file whose path it prints
 only its warnings and errors unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
 
     batchclient demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline] [--out DIR]
+                     [--verbose]
 """
 
 from __future__ import annotations
