@@ -1,4 +1,4 @@
-"""The whole benchmark (issue 7) as a script next to the others: the same as ``batchclient
+"""The whole benchmark as a script next to the others: the same as ``batchclient
 bench`` (every option passes through; guide: docs/benchmarks.md).
 
     python bench/bench.py -n 256            # = make bench

@@ -1,4 +1,4 @@
-"""Benchmark of the inline provider (issue 3): ``VLLMBatchInference`` against raw
+"""Benchmark of the inline provider: ``VLLMBatchInference`` against raw
 ``vllm.LLM.chat`` and one conversation at a time, plus memory at 5,000 conversations.
 
     python bench/inline.py     # 30-60 min on 2 CPU cores; writes bench/results/inline.json
@@ -23,7 +23,7 @@ Modes:
   (``peak_rss_mb``, the goal's figure) and of the whole process tree including the engine's
   processes (``peak_tree_rss_mb``); ``lifetime_peak_rss_mb`` is ``ru_maxrss``.
 
-Goals (issue 3): inline / llm_chat >= 1.00 (floor 0.95); inline / one_at_a_time >= 10;
+Targets: inline / llm_chat >= 1.00 (floor 0.95); inline / one_at_a_time >= 10;
 RSS(big) - RSS(small) <= 300 MB. The figures are only as quiet as the machine: on a shared
 machine they are noisy, so re-run on a quiet one before quoting them.
 """
@@ -51,7 +51,9 @@ ENGINE_ARGS: dict[str, Any] = {
 }
 # Short and long prompts (not among the measured ones): the first large prefill on CPU pays
 # one-off kernel set-up that would otherwise land in whichever mode runs it first.
-WARMUP = [[{"role": "user", "content": f"Warm up {i}." + " word" * (300 * i)}] for i in range(4)]
+WARMUP: list[list[Any]] = [
+    [{"role": "user", "content": f"Warm up {i}." + " word" * (300 * i)}] for i in range(4)
+]
 
 
 def _samples(n: int, seed: int, cap: int) -> list[Any]:
@@ -292,7 +294,7 @@ def main() -> None:
         ratios["rss_big_minus_small_mb"] = big["peak_rss_mb"] - small["peak_rss_mb"]
         ratios["tree_rss_big_minus_small_mb"] = big["peak_tree_rss_mb"] - small["peak_tree_rss_mb"]
         goals["rss_big_minus_small_mb <= 300"] = ratios["rss_big_minus_small_mb"] <= 300
-    report = {
+    report: dict[str, Any] = {
         "command": "python bench/inline.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -1,5 +1,6 @@
 """Peak RSS of ``batchclient run`` on a 100,000-line job vs a 1,000-line job (goal: <= 150 MB
-apart): memory must not grow with the input (peer lesson 19).
+apart): memory must not grow with the input (vllm #30268: a 500k-line job held it all in
+memory).
 
 Each job runs in a fresh ``batchclient run`` process (remote provider, 64 in flight,
 ``max_tokens`` 1) against the stub server in another process; the peak RSS of that process is

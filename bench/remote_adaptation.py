@@ -3,7 +3,7 @@
 The stub (its own process) answers in 100 ms and serves at most 24 requests at once, answering
 429 (no ``Retry-After``) to any request arriving above that: the ideal is 24 / 0.1 s = 240
 requests/s. The client runs with its defaults (adaptive on, ``max_concurrency`` 64, no rate
-limits). Goal (issue 4): >= 90 % of 240 req/s within 10 s, and < 5 % of requests answered 429.
+limits). Target: >= 90 % of 240 req/s within 10 s, and < 5 % of requests answered 429.
 
 Reported: requests/s per second of the run (successful answers), the time the 1-second
 throughput first reached 90 % of the ideal, the mean throughput from 10 s on, the 429 share,

@@ -2,7 +2,7 @@
 
 The stub (``python -m batchclient.testing stub --fast``, on uvloop) runs in its own process
 pinned to one core; the client runs in this process pinned to another, on the default asyncio
-loop, with 256 requests in flight. Goal (issue 4): >= 5,000 requests/s.
+loop, with 256 requests in flight. Target: >= 5,000 requests/s.
 
 For context the same run measures bare aiohttp (one shared session, a semaphore of 256, JSON
 encode/decode, nothing else) against the same stub, and, with ``--uvloop``, the client on

@@ -2,7 +2,7 @@
 
 Each stub answers in ``--latency`` seconds. The client spreads ``--requests`` over the three
 with its defaults; once a third of them are answered one stub process is killed (the kernel
-resets its open connections, like a crashed server). Goal (issue 4): every request succeeds.
+resets its open connections, like a crashed server). Target: every request succeeds.
 
 Reported: failures (must be 0), per-endpoint answers, attempts beyond the first (the requests
 that were in flight on the dead endpoint and went elsewhere), the killed endpoint's ejection,

@@ -22,11 +22,13 @@ from pathlib import Path
 import anyio
 
 from batchclient import RemoteBatchInference, SamplingParams
-from batchclient.datasets import sample_sharegpt
+from batchclient.datasets import SharegptSample, sample_sharegpt
 from batchclient.testing import vllm_server
 
 
-async def run_once(url: str, samples: list, concurrency: int, cap: int) -> dict[str, float]:
+async def run_once(
+    url: str, samples: list[SharegptSample], concurrency: int, cap: int
+) -> dict[str, float]:
     params = [SamplingParams(max_tokens=min(s.output_tokens, cap)) for s in samples]
     async with RemoteBatchInference(url, max_concurrency=concurrency) as client:
         started = time.perf_counter()

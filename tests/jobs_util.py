@@ -13,7 +13,7 @@ import anyio
 
 from batchclient.remote import RetryPolicy
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
+FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 
 def line(cid: str, text: str, **body: Any) -> str:

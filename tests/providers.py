@@ -15,7 +15,6 @@ from functools import cache
 from typing import Any
 
 import anyio
-from transformers import AutoTokenizer
 
 from batchclient import BatchClient, RemoteBatchInference, SamplingParams
 from batchclient.models import bundled_model_path
@@ -25,6 +24,10 @@ MODEL = "smollm2"
 
 @cache
 def tokenizer() -> Any:
+    # imported here: transformers (and torch with it) takes seconds to import, and most test
+    # sessions (make test-fast) never count tokens
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(bundled_model_path())
 
 

@@ -19,7 +19,7 @@ from batchclient.cli._bench import _args, _report, _run
 from batchclient.cli._bench._data import jsonl_requests
 from batchclient.cli._bench._engine_modes import run_inline
 from batchclient.cli._bench._spec import BenchRequest, RunFigures, RunSpec
-from batchclient.cli._bench._stats import ModeRow, add_ratios, bars, percentile, run_row
+from batchclient.cli._bench._stats import ModeRow, add_ratios, percentile, run_row, targets
 from batchclient.errors import ConfigurationError
 
 HAS_LITELLM = importlib.util.find_spec("litellm") is not None
@@ -95,11 +95,11 @@ def test_bench_server_modes(
             rate = row["median"]["output_tokens_per_s"]
             assert math.isclose(row["vs_sequential"], rate / seq_rate)
             assert row["vs_vllm_offline"] is None  # vllm-offline did not run
-    bar_names = {b["bar"]: b for b in report["bars"]}
+    by_name = {t["target"]: t for t in report["targets"]}
     remote_rate = rows["remote@4"]["median"]["output_tokens_per_s"]
     peer_rate = rows["openai-gather@4"]["median"]["output_tokens_per_s"]
-    assert math.isclose(bar_names["remote@4 >= openai-gather@4"]["value"], remote_rate / peer_rate)
-    assert bar_names["remote@4 >= 10 x sequential"]["value"] == rows["remote@4"]["vs_sequential"]
+    assert math.isclose(by_name["remote@4 >= openai-gather@4"]["value"], remote_rate / peer_rate)
+    assert by_name["remote@4 >= 10 x sequential"]["value"] == rows["remote@4"]["vs_sequential"]
 
     env = report["environment"]
     assert env["versions"]["batchclient"] and env["versions"]["python"] and env["cpu_count"]
@@ -172,7 +172,7 @@ def test_bench_engine_mode_in_its_own_process(
     vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """vllm-offline through the CLI: its engine starts in a child process after the server
-    modes, and the ratios and bars against it come from the same rows."""
+    modes, and the ratios and targets against it come from the same rows."""
     stdout, code = bench(
         capsys,
         "-n", "3", "--max-tokens", "4", "--modes", "remote", "vllm-offline",
@@ -196,8 +196,8 @@ def test_bench_engine_mode_in_its_own_process(
     assert offline["vs_vllm_offline"] == 1.0 and offline["vs_sequential"] is None
     ratio = remote["median"]["output_tokens_per_s"] / offline["median"]["output_tokens_per_s"]
     assert math.isclose(remote["vs_vllm_offline"], ratio)
-    bar = {b["bar"]: b for b in report["bars"]}["remote@3 >= 0.90 x vllm-offline"]
-    assert bar["value"] == remote["vs_vllm_offline"] and bar["met"] == (ratio >= 0.90)
+    target = {t["target"]: t for t in report["targets"]}["remote@3 >= 0.90 x vllm-offline"]
+    assert target["value"] == remote["vs_vllm_offline"] and target["met"] == (ratio >= 0.90)
     assert report["engine"]["kv_cache_gib"] == 1
 
 
@@ -238,7 +238,7 @@ def figures(output_tokens: int, wall_s: float) -> RunFigures:
     )  # fmt: skip
 
 
-def test_median_run_ratios_and_bars() -> None:
+def test_median_run_ratios_and_targets() -> None:
     seq = ModeRow("sequential", "sequential", 1, runs=[run_row(figures(10, 1.0))])
     remote = ModeRow("remote@8", "remote", 8)
     remote.runs = [run_row(figures(100, w)) for w in (1.0, 0.5, 2.0)]  # 100, 200, 50 tok/s
@@ -253,22 +253,26 @@ def test_median_run_ratios_and_bars() -> None:
     assert remote.median["wall_s"] == 1.0  # the median run's own figures, not mixed
     assert remote.vs_sequential == 10.0 and remote.vs_vllm_offline == 0.5
     assert skipped.median is None and skipped.vs_sequential is None
-    got = {b["bar"]: (b["value"], b["met"]) for b in bars(rows, 8)}
+    got = {t["target"]: (t["value"], t["met"]) for t in targets(rows, 8)}
     assert got == {
         "remote@8 >= 0.90 x vllm-offline": (0.5, False),
         "remote@8 >= 10 x sequential": (10.0, True),
         "remote@8 >= openai-gather@8": (0.25, False),
     }
-    report = {"rows": [r.to_json() for r in rows], "bars": bars(rows, 8)}
+    report = {"rows": [r.to_json() for r in rows], "targets": targets(rows, 8)}
     text = _report.table(report)
     assert "| litellm@8 | 8 | not installed (pip install litellm) |" in text
-    assert "MISSED by 44.4 %" in _report.bars_text(report)  # 0.5 of the needed 0.9
+    assert _report.targets_text(report).splitlines() == [
+        "- remote@8 >= 0.90 x vllm-offline: not met (0.50 vs target 0.90)",
+        "- remote@8 >= 10 x sequential: met (10.00 vs target 10.00)",
+        "- remote@8 >= openai-gather@8: not met (0.25 vs target 1.00)",
+    ]
 
 
 def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        _run.importlib.util, "find_spec", lambda name: None if name == "litellm" else real(name)
+        importlib.util, "find_spec", lambda name: None if name == "litellm" else real(name)
     )
     parser = argparse.ArgumentParser()
     _args.add_arguments(parser)

@@ -36,7 +36,8 @@ def distinct_conversations(n: int, tag: str) -> list[list[dict[str, str]]]:
 
 
 async def test_results_come_back_in_input_order_with_their_own_answers(provider: Provider) -> None:
-    """Case C15 (smaller): early items ask for more tokens, so they finish last."""
+    """Order and attribution (vllm #394): early items ask for more tokens, so they finish
+    last, and each result still lands at its own position."""
     n = 40
     conversations = distinct_conversations(n, "order")
     expected = [prompt_tokens(c) for c in conversations]
@@ -56,7 +57,7 @@ async def test_results_come_back_in_input_order_with_their_own_answers(provider:
         assert item.metric("total_tokens") == expected[i] + completion
 
 
-async def test_c05_prompt_longer_than_the_context_is_a_per_item_error(provider: Provider) -> None:
+async def test_prompt_longer_than_the_context_is_a_per_item_error(provider: Provider) -> None:
     huge = "word " * 200_000
     conversations = [
         [{"role": "user", "content": "Say hello."}],
@@ -77,7 +78,7 @@ async def test_c05_prompt_longer_than_the_context_is_a_per_item_error(provider: 
     assert result.batch[1].completion_message is None
 
 
-async def test_c05_prompt_plus_max_tokens_over_the_context_is_never_silently_truncated(
+async def test_prompt_plus_max_tokens_over_the_context_is_never_silently_truncated(
     provider: Provider,
 ) -> None:
     """A prompt that fits but leaves no room for ``max_tokens``: an error or an explicit
@@ -216,7 +217,7 @@ async def test_concurrent_calls_share_the_provider_and_never_mix_results(
             assert item.metric("prompt_tokens") == prompt_tokens(conversations[i])
 
 
-C16_PROMPTS = [
+GREEDY_PROMPTS = [
     "What is the capital of France?",
     "Explain photosynthesis in one sentence.",
     "Write a haiku about autumn.",
@@ -263,19 +264,20 @@ def _sampled_tokens(item: Any) -> list[str]:
 
 def _gap(item: Any, position: int, other: str) -> float:
     """How much better the answer's own choice at ``position`` was than ``other``."""
-    step = item.logprobs[position].logprobs_by_token
+    step: dict[str, float] = item.logprobs[position].logprobs_by_token
     return max(step.values()) - step.get(other, -9999.0)
 
 
-async def test_c16_batched_and_one_at_a_time_greedy_answers_agree(provider: Provider) -> None:
-    """Case C16: 20 prompts at temperature 0, as one batch and one at a time. Non-empty
+async def test_batched_and_one_at_a_time_greedy_answers_agree(provider: Provider) -> None:
+    """20 prompts at temperature 0, as one batch and one at a time (vllm #1761, #5898,
+    #27059 report batched answers that differ). Non-empty
     answers; wherever the two differ, the first difference is a numerical near-tie (both
     candidates within ``NEAR_TIE_NATS`` in both runs), so the first 8 tokens match for every
-    prompt except at such ties. The case's "at most 5 % diverge at all" does not hold in
+    prompt except at such ties. "At most 5 % diverge at all" does not hold in
     bfloat16 on this CPU even for raw vLLM (see ``NEAR_TIE_NATS``), so divergences are
     checked one by one instead of counted: a batching bug (padding, mixed-up requests) shows
     up as a first difference many nats apart."""
-    conversations = [[{"role": "user", "content": p}] for p in C16_PROMPTS]
+    conversations = [[{"role": "user", "content": p}] for p in GREEDY_PROMPTS]
     params = SamplingParams(max_tokens=24)
     top = LogProbConfig(top_k=5)
     async with provider.open() as client:

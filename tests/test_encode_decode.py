@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -27,7 +28,7 @@ from batchclient import (
 )
 from batchclient._core.decode import LOGPROB_FLOOR, http_error, to_response
 from batchclient._core.encode import build_body, message_to_wire, sampling_to_wire, tool_to_wire
-from batchclient.types import coerce_messages
+from batchclient.types import Message, coerce_messages
 
 
 def test_sampling_strategies_map_to_wire() -> None:
@@ -61,7 +62,7 @@ def test_sampling_params_validate() -> None:
 
 
 def test_dict_messages_round_trip_through_types() -> None:
-    wire = [
+    wire: list[Message | dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "weather?"},
         {
@@ -147,7 +148,7 @@ def test_build_body_carries_format_and_logprobs() -> None:
     assert body["max_tokens"] == 4 and body["temperature"] == 0.0
 
 
-def _ok(body: dict) -> Result:
+def _ok(body: dict[str, Any]) -> Result:
     return Result(status_code=200, body=body, latency_s=0.5)
 
 

@@ -74,7 +74,8 @@ async def test_starts_with_no_arguments_and_leaves_no_process_behind() -> None:
 
 def _children(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+        return children
     except psutil.Error:
         return []
 
@@ -88,7 +89,7 @@ async def test_model_names(inline_client: VLLMBatchInference) -> None:
     with pytest.raises(ModelNotFoundError) as info:
         await inline_client.batch_chat_completion("other-model", [HI])
     assert "smollm2" in info.value.available
-    # a job line naming another model is refused on its own (case C04)
+    # a job line naming another model is refused on its own, never run on the loaded one
     result = await run_body(inline_client, 0, body(model="no-such-model"))
     assert result.error.code == "model_not_found" and result.status_code == 404
 
@@ -126,10 +127,9 @@ async def test_metrics_tokens_ttft_and_latency(inline_client: VLLMBatchInference
         ttft, latency = item.metric("time_to_first_token"), item.metric("latency")
         assert ttft is not None and latency is not None
         assert 0 < ttft <= latency < 120
-        assert item.metric("completion_tokens") is not None
-        assert item.metric("total_tokens") == item.metric("prompt_tokens") + item.metric(
-            "completion_tokens"
-        )
+        prompt, completion = item.metric("prompt_tokens"), item.metric("completion_tokens")
+        assert prompt is not None and completion is not None
+        assert item.metric("total_tokens") == prompt + completion
 
 
 async def test_request_ids_are_unique_and_not_the_callers(
@@ -154,7 +154,7 @@ async def test_request_ids_are_unique_and_not_the_callers(
         ({"response_format": {"type": "xml"}}, "response_format"),
     ],
 )
-async def test_c06_fields_the_engine_cannot_honour_are_refused_by_name(
+async def test_fields_the_engine_cannot_honour_are_refused_by_name(
     inline_client: VLLMBatchInference, fields: dict[str, Any], param: str
 ) -> None:
     result = await run_body(inline_client, 0, body(**fields))
@@ -186,7 +186,7 @@ async def test_malformed_tools_in_a_body_are_per_item_invalid_request(
 @pytest.mark.parametrize(
     ("fields", "param", "needle"),
     [
-        ({"max_tokens": -5}, None, "max_tokens"),  # case C10: vLLM's own message
+        ({"max_tokens": -5}, None, "max_tokens"),  # vLLM's own message
         ({"temperature": -1}, None, "temperature"),
         ({"top_p": 2.5}, None, "top_p"),
         ({"temperature": "hot"}, "temperature", "number"),

@@ -1,6 +1,7 @@
-"""Jobs against the real vLLM OpenAI server with the bundled model: C05 (prompt over the
-context), C10 (counts), C18 (the server's own refusal shape), and the SIGKILL crash test of
-``batchclient run`` with a counting proxy in front of the server (C12)."""
+"""Jobs against the real vLLM OpenAI server with the bundled model: a prompt over the context
+fails only its line, request counts, the server's own refusal shape in the error file, and the
+SIGKILL crash test of ``batchclient run`` with a counting proxy in front of the server (a re-run
+sends only what did not finish)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ async def run_job(url: str, state: Path, lines: list[str]) -> tuple[Any, Any, di
     return job, result, files
 
 
-async def test_c05_prompt_longer_than_the_context_fails_only_its_line(
+async def test_prompt_longer_than_the_context_fails_only_its_line(
     vllm_url: str, tmp_path: Path
 ) -> None:
     huge = " ".join(["word"] * 200_000)
@@ -53,7 +54,7 @@ async def test_c05_prompt_longer_than_the_context_fails_only_its_line(
     assert result.batch[1].error.code == "context_length_exceeded"
 
 
-async def test_c10_counts_and_c18_the_servers_refusal_shape(vllm_url: str, tmp_path: Path) -> None:
+async def test_counts_and_the_servers_refusal_shape(vllm_url: str, tmp_path: Path) -> None:
     from openai.types.chat import ChatCompletion
 
     job, result, files = await run_job(
@@ -80,7 +81,7 @@ async def test_c10_counts_and_c18_the_servers_refusal_shape(vllm_url: str, tmp_p
     assert all(r.error is not None and r.error.status_code == 400 for r in result.batch[1:])
 
 
-def test_c12_crash_and_resume_against_the_real_server(vllm_url: str, tmp_path: Path) -> None:
+def test_crash_and_resume_against_the_real_server(vllm_url: str, tmp_path: Path) -> None:
     """300 lines through ``batchclient run`` in a subprocess, SIGKILLed after ~100 results, run
     again: every custom_id once, completed + failed == 300, and what the server received
     twice is at most the in-flight window (counted by a proxy in front of the server)."""

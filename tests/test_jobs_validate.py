@@ -1,5 +1,6 @@
 """The batch-file validator: OpenAI's codes, physical line numbers, ``param``; blank lines, CRLF,
-encodings; and property tests that arbitrary bytes never crash it (cases C01-C04)."""
+encodings; duplicate ``custom_id``, non-requests, mixed models; and property tests that
+arbitrary bytes never crash it."""
 
 from __future__ import annotations
 
@@ -43,13 +44,13 @@ def test_valid_file() -> None:
     assert report.ok and report.total == 5 and report.model == "smollm2" and report.errors == []
 
 
-def test_c01_duplicate_custom_id_names_the_line() -> None:
+def test_duplicate_custom_id_names_the_line() -> None:
     report = validate("\n".join([line("a"), line("b"), line("a")]))
     assert codes(report) == [("duplicate_custom_id", 3, "custom_id")]
     assert "line 1" in report.errors[0].message
 
 
-def test_c02_blank_and_whitespace_lines_are_skipped_but_keep_physical_numbers() -> None:
+def test_blank_and_whitespace_lines_are_skipped_but_keep_physical_numbers() -> None:
     text = line("a") + "\n\n   \t \n" + line("b") + "\n\n"
     report = validate(text)
     assert report.ok and report.total == 2
@@ -58,7 +59,7 @@ def test_c02_blank_and_whitespace_lines_are_skipped_but_keep_physical_numbers() 
     assert report.total == 2
 
 
-def test_c02_only_blank_lines_is_an_empty_file() -> None:
+def test_only_blank_lines_is_an_empty_file() -> None:
     for text in ("", "\n\n", "  \n\t\n \r\n"):
         assert codes(validate(text)) == [("empty_file", None, None)]
 
@@ -68,7 +69,7 @@ def test_crlf_and_utf8_bom_are_tolerated() -> None:
     assert report.ok and report.total == 2
 
 
-def test_c03_json_that_is_not_a_request() -> None:
+def test_json_that_is_not_a_request() -> None:
     no_method = json.loads(line("c"))
     del no_method["method"]
     body_string = json.loads(line("d"))
@@ -101,7 +102,7 @@ def test_missing_model_messages_and_bad_messages() -> None:
     ]
 
 
-def test_c04_one_model_per_file() -> None:
+def test_one_model_per_file() -> None:
     report = validate(
         "\n".join([line("a"), line("b", model="other-model"), line("c", model="no-such-model")])
     )
@@ -112,7 +113,7 @@ def test_c04_one_model_per_file() -> None:
     assert "'other-model'" in report.errors[0].message and "'smollm2'" in report.errors[0].message
 
 
-def test_c06_stream_is_refused_naming_the_field() -> None:
+def test_stream_is_refused_naming_the_field() -> None:
     report = validate("\n".join([line("a"), line("b", stream=True)]))
     assert codes(report) == [("streaming_unsupported", 2, "body.stream")]
     assert validate(line("a", stream=False)).ok

@@ -8,6 +8,7 @@ under ``if TYPE_CHECKING:`` do not (they never run). ``docs/design.md`` draws th
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ ROOT = Path(batchclient.__file__).parent
 LAYERS: list[tuple[str, int]] = [
     # (module or package prefix, layer): the longest matching prefix wins
     ("errors", 0),
+    ("_logs", 0),
     ("types", 1),
     ("models", 1),
     ("datasets", 2),
@@ -90,14 +92,15 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
             for alias in node.names:
                 if alias.name.startswith("batchclient."):
                     found.add(alias.name.removeprefix("batchclient."))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
 
     visit(tree)
     found.discard(module)
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in ROOT.rglob("*.py")}
     names = set(modules)

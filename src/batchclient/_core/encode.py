@@ -160,7 +160,8 @@ def tool_to_wire(tool: ToolDefinition | dict[str, Any]) -> dict[str, Any]:
     ``"additionalProperties": false`` (OpenAI's strict function calling, whose rules it then
     meets): vLLM's server only constrains a forced call's arguments to the schema for strict
     tools (vLLM 0.32, ``tool_parsers/structural_tag_registry.py``); without it the bundled
-    model's named call came back with the arguments ``"Paris"`` (GUIDE.md). A tool with
+    model's named call came back with the bare string ``"Paris"`` as its arguments (seen with
+    vLLM 0.32's server; ``docs/structured.md``). A tool with
     optional parameters cannot be strict (OpenAI refuses it), so its arguments are only
     checked after the fact (``invalid_tool_call``).
     """

@@ -1,25 +1,15 @@
 """Tool calling written into the prompt, for models and servers without native tool calling.
 
-Llama Stack's ``ToolPromptFormat`` defines how tool definitions and calls are written into a
-prompt (``llama_models/llama3/prompt_templates/system_prompts.py``: ``JsonCustomToolGenerator``,
-``FunctionTagCustomToolGenerator``, ``PythonListCustomToolGenerator``; calls as
-``llama_stack/models/llama/llama3/tool_utils.py``'s ``ToolUtils.encode_tool_call``):
+Llama Stack's ``ToolPromptFormat`` (``llama_models/llama3/prompt_templates/system_prompts.py``):
 
 - ``json``: definitions as OpenAI-style function objects; a call is
   ``{"type": "function", "name": "get_weather", "parameters": {"city": "Paris"}}``.
 - ``function_tag``: a call is ``<function=get_weather>{"city": "Paris"}</function>``.
 - ``python_list``: a call is ``[get_weather(city="Paris")]``.
 
-Differences from Llama Stack, and why: parameters are written as the tool's JSON schema (the
-wire form every provider carries), not as ``ToolParamDefinition`` rows; the ``json`` prompt ends
-with the call's shape (Llama 3.1 was trained on it, other models are not); the
-``function_tag`` prompt drops its reminder about Llama's built-in ``brave_search``; python_list
-values are Python literals (Llama Stack writes dicts as ``{k=v}``, which no parser reads back);
-and each format is parsed only as itself (Llama Stack tries all three on every answer, which
-turns a JSON answer that happens to have ``name`` and ``parameters`` keys into a call).
-
-Everything here works on OpenAI wire forms (``tools[]`` entries, messages, ``tool_calls``);
-``batchclient._tools`` decides when it is used.
+Each format is parsed only as itself. Everything here works on OpenAI wire forms (``tools[]``
+entries, messages, ``tool_calls``); ``batchclient._tools`` decides when it is used. Where and
+why this differs from Llama Stack: ``docs/structured.md`` ("Tools").
 """
 
 from __future__ import annotations

@@ -1,27 +1,21 @@
 """The main job (``make demo``): ShareGPT conversations through batchclient, on this machine.
 
 Samples 200 conversations from ShareGPT V3 by vLLM's benchmark rules (fixed seed), starts the
-real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them
-
-- ``remote x64``: through ``RemoteBatchInference`` with 64 in flight;
-- ``one at a time``: the first 16 with one in flight, the "without batching" baseline;
-
-then stops the server and runs the same conversations
-
-- ``inline``: through ``VLLMBatchInference`` (the vLLM engine in this process, same model and
-  context length; run after the server has stopped so the two never share memory or cores);
-
-then prints a table (requests, output tokens, wall time, output tokens/s, speedup over one at a
-time) and writes every answer to a JSONL file whose path it prints.
+real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them through
+``RemoteBatchInference`` with 64 in flight and the first 16 one at a time (the "without
+batching" baseline); then, after the server has stopped, through ``VLLMBatchInference`` (unless
+``--no-inline``). Prints a table (requests, output tokens, wall time, output tokens/s, speedup
+over one at a time) and writes every answer to a JSONL file whose path it prints. vLLM shows
+only its warnings and errors unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
 
     batchclient demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline] [--out DIR]
+                     [--verbose]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,9 +65,11 @@ async def _run_remote(
         return await _run(client, mode, samples, cap, console)
 
 
-async def _run_inline(samples: Sequence[SharegptSample], cap: int, console: Console) -> ModeRun:
+async def _run_inline(
+    samples: Sequence[SharegptSample], cap: int, console: Console, verbose: bool
+) -> ModeRun:
     # The same model and context length as the server (vllm_server's defaults).
-    async with VLLMBatchInference(max_model_len=2048) as client:
+    async with VLLMBatchInference(max_model_len=2048, verbose=verbose) as client:
         return await _run(client, "inline", samples, cap, console)
 
 
@@ -160,7 +156,7 @@ async def _main(args: argparse.Namespace) -> None:
     samples = sample_sharegpt(args.n, seed=args.seed)
     console.print("Starting the vLLM OpenAI server with the bundled SmolLM2-135M-Instruct ...")
     runs: list[ModeRun] = []
-    with vllm_server() as url:
+    with vllm_server(verbose=args.verbose) as url:
         console.print(f"Server ready at {url}")
         mode = f"remote x{args.concurrency}"
         runs.append(
@@ -173,9 +169,7 @@ async def _main(args: argparse.Namespace) -> None:
         )
     if args.inline:
         console.print("Server stopped. Starting the vLLM engine in this process (inline) ...")
-        # vLLM reads this when first imported (now): keep its INFO lines out of the table.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        runs.append(await _run_inline(samples, args.max_tokens, console))
+        runs.append(await _run_inline(samples, args.max_tokens, console, args.verbose))
     console.print(_table(runs))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "answers.jsonl"
@@ -200,6 +194,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the inline (in-process vLLM engine) run",
     )
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything the server and the engine print (default: vLLM's warnings and "
+        "errors only; BATCHCLIENT_VERBOSE=1 does the same)",
+    )
 
 
 def demo_command(args: argparse.Namespace) -> int:

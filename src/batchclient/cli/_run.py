@@ -1,14 +1,16 @@
 """``batchclient run``: one OpenAI batch file through a provider, with a live progress bar, durable
 and resumable.
 
-Resume key (peer lesson 18: content and config only): SHA-256 of the input's bytes plus the
-provider's identity (remote: base URL; inline: the model), kept in the job's metadata as
-``batchclient_run``. Running the same command again
+Resume key: the SHA-256 of the input's bytes plus the provider's identity (remote: base URL;
+inline: the model), content and configuration only (curator #143 keyed on in-memory
+fingerprints), kept in the job's metadata as ``batchclient_run``. Running the same command again
 
 - attaches to the job if it is still active (this client resumed it on entry);
-- sends nothing if it completed, and rebuilds the output files (peer lesson 17);
+- sends nothing if it completed, and rebuilds the output files (lm-evaluation-harness #2141);
 - otherwise (cancelled, expired, failed) starts a new job that reuses every successful result of
   the previous one, so only what did not succeed is sent again.
+
+Guide: ``docs/jobs.md`` ("The CLI").
 """
 
 from __future__ import annotations
@@ -80,10 +82,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="how long the job may run, e.g. 24h, 30m (default 24h)",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="vllm: show everything vLLM prints (default: its warnings and errors only; "
+        "BATCHCLIENT_VERBOSE=1 does the same)",
+    )
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """C11: never write over the input (or errors over output)."""
+    """Never write over the input, or errors over the output (vllm PR #52505: an output path
+    equal to the input path truncated the input)."""
     inp: Path = args.input
     if not inp.is_file():
         raise ConfigurationError(f"input {inp} is not a file")
@@ -131,7 +140,13 @@ def make_client(args: argparse.Namespace) -> BatchClient:
     from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
 
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
+    return VLLMBatchInference(
+        args.model,
+        state_dir=state_dir,
+        verbose=getattr(args, "verbose", False),
+        **max_concurrency,
+        **engine_args,
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:

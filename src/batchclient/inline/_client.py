@@ -24,6 +24,7 @@ import anyio
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._logs import is_verbose, vllm_logging
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import (
     BatchClientError,
@@ -69,6 +70,9 @@ class VLLMBatchInference(BatchClient):
             bundled one (whose template has no tool support). See ``docs/structured.md``.
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
+        verbose: show everything vLLM prints (about 66 INFO lines per engine start); by
+            default only its warnings and errors. ``BATCHCLIENT_VERBOSE=1`` in the environment
+            does the same as True; a ``VLLM_LOGGING_LEVEL`` set there always wins.
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
             ``max_model_len``, ``dtype``, ``tensor_parallel_size``,
             ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``served_model_name``,
@@ -100,10 +104,15 @@ class VLLMBatchInference(BatchClient):
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        verbose: bool = False,
         **engine_args: Any,
     ) -> None:
         provider = VLLMProvider(
-            model, max_concurrency=max_concurrency, tool_call_parser=tool_call_parser, **engine_args
+            model,
+            max_concurrency=max_concurrency,
+            tool_call_parser=tool_call_parser,
+            verbose=verbose,
+            **engine_args,
         )
         super().__init__(provider, state_dir=state_dir)
 
@@ -119,6 +128,7 @@ class VLLMProvider(Provider):
         *,
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
+        verbose: bool = False,
         **engine_args: Any,
     ) -> None:
         if max_concurrency < 1:
@@ -126,6 +136,7 @@ class VLLMProvider(Provider):
         self.model = model
         self.max_concurrency = max_concurrency
         self.tool_call_parser = tool_call_parser
+        self.verbose = verbose
         self._parser_class: type | None = None
         self.engine_args = dict(engine_args)
         self._limiter = anyio.CapacityLimiter(max_concurrency)
@@ -140,19 +151,22 @@ class VLLMProvider(Provider):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        try:
-            from . import _engine
-        except ImportError as exc:
-            raise ConfigurationError(f"{_INSTALL_HINT} ({exc})") from exc
-        engine = _engine.Engine()
-        try:
-            await anyio.to_thread.run_sync(self._build, _engine, engine)
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_engine.stop, engine)
-            if isinstance(exc, Exception) and not isinstance(exc, BatchClientError):
-                raise EndpointError(f"the vLLM engine failed to start: {exc}") from exc
-            raise
+        # vLLM configures its logging on import and when the engine is built, here and in the
+        # engine processes it spawns: all of that happens inside this block.
+        with vllm_logging(self.verbose):
+            try:
+                from . import _engine
+            except ImportError as exc:
+                raise ConfigurationError(f"{_INSTALL_HINT} ({exc})") from exc
+            engine = _engine.Engine()
+            try:
+                await anyio.to_thread.run_sync(self._build, _engine, engine)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_engine.stop, engine)
+                if isinstance(exc, Exception) and not isinstance(exc, BatchClientError):
+                    raise EndpointError(f"the vLLM engine failed to start: {exc}") from exc
+                raise
         self._vllm = _engine
         self._engine = engine
 
@@ -170,7 +184,10 @@ class VLLMProvider(Provider):
                 ) from None
         served, ref = resolve_model(self.model)
         bundled = self.model is None or self.model == BUNDLED_MODEL_NAME
-        args = _engine.engine_args(str(ref), served, bundled, self.engine_args)
+        given = dict(self.engine_args)
+        if not is_verbose(self.verbose):
+            given.setdefault("use_tqdm_on_load", False)  # the weight-loading progress bar
+        args = _engine.engine_args(str(ref), served, bundled, given)
         names = args["served_model_name"]
         self._names = frozenset(
             {str(ref), served, *([names] if isinstance(names, str) else names)}

@@ -2,15 +2,15 @@
 vLLM import, so the rules can be read and tested on their own.
 
 Request side (:func:`map_body`): every field of the body is either honoured or refused with an
-``unsupported_parameter`` error naming it (case C06); nothing is dropped silently. Sampling
-fields map the way vLLM's own OpenAI server maps them
+``unsupported_parameter`` error naming it, never dropped silently (vllm #50026: ``stream`` and
+``tools`` ignored). Sampling fields map the way vLLM's own OpenAI server maps them
 (``vllm/entrypoints/openai/chat_completion/protocol.py``, ``ChatCompletionRequest
 .to_sampling_params``): the caller's value, else the model's generation-config default, else the
 OpenAI default (temperature 1, top_p 1). Temperature 0 is greedy decoding.
 
 Response side (:func:`completion_body`): a ChatCompletion object in the OpenAI shape, so job
 output files look the same whichever provider wrote them; log-probabilities below -9999 (or
-``-inf``/NaN) are clamped to -9999.0 as OpenAI does.
+``-inf``/NaN) are clamped to -9999.0 as OpenAI does. Guide: ``docs/inline.md``.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
     Raises:
         Refusal: ``context_length_exceeded`` when the prompt leaves no room for output, or
             prompt + ``max_tokens`` is over ``max_model_len`` (the prompt is never truncated;
-            case C05). Non-positive ``max_tokens`` is left to SamplingParams to refuse.
+            vllm #1655, #16732). Non-positive ``max_tokens`` is left to SamplingParams to refuse.
     """
     room = max_model_len - prompt_tokens
     if room <= 0:

@@ -2,18 +2,16 @@
 process.
 
 Every provider client owns one (created in its ``__aenter__``); the ``batchclient jobs`` commands
-open one without a provider (they can list, inspect, cancel and export, not run). Jobs run as
-tasks of the manager's task group, which lives exactly as long as the client's ``async with``
-block. The task group is hosted by a task of its own, so the client may be entered and closed
-from different tasks (pytest-asyncio session fixtures do that). Leaving the block pauses the
-running jobs (they stay ``in_progress``); the next client on the same state directory
-with the same provider identity resumes them.
+open one without a provider (they list, inspect, cancel and export, not run). Jobs run in the
+manager's task group, hosted by a task of its own (so a client may be entered and closed from
+different tasks, as pytest-asyncio session fixtures do): they live exactly as long as the
+client's ``async with`` block. Leaving it pauses them (they stay ``in_progress``); the next
+client on the same state directory with the same provider identity resumes them.
 
 Leases: a running job's row names its ``owner`` (host, pid, a random token) and a
-``heartbeat_at`` refreshed every second. A job is orphaned when its owner is gone: the pid is dead
-on this host, or the heartbeat is older than :data:`LEASE_S`. Only orphaned jobs are resumed, so
-two processes never run the same job. ``job_cancel`` from another process marks the job
-``cancelling``; its owner sees that at its next heartbeat and stops it.
+``heartbeat_at`` refreshed every second; only orphaned jobs (the owner's pid is dead on this
+host, or its heartbeat is older than :data:`LEASE_S`) are resumed. A cancel from another process
+marks the job ``cancelling``; its owner stops it at its next heartbeat. Guide: ``docs/jobs.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Results <-> stored rows <-> lines of OpenAI batch output and error files.
 
-Output line (OpenAI Batch API, ``shared/reference/batch-api-contract.md`` §2)::
+The lines have the shape of the OpenAI Batch API's request output object
+(https://platform.openai.com/docs/api-reference/batch/request-output): ``{"id", "custom_id",
+"response": {"status_code", "request_id", "body"}, "error"}``. An API refusal keeps its HTTP
+status and error body with ``"error": null``; a failure without an HTTP answer has ``"response":
+null`` and ``error{code, message}``; an answer that failed batchclient's checks keeps its
+response and carries ``error`` too, and goes to the error file. No line ever has status 200
+without a ChatCompletion body (openai-openapi #302). Each row stores its finished line, so the
+files at the end are a concatenation in input order.
 
-    {"id": "batch_req_...", "custom_id": "...",
-     "response": {"status_code": 200, "request_id": "...", "body": {<ChatCompletion>}},
-     "error": null}
-
-- an API refusal keeps its HTTP status and ``body.error{message, type, param, code}``, with
-  ``"error": null``;
-- a failure without an HTTP answer (dropped connection, timeout, ``batch_cancelled``,
-  ``batch_expired``) has ``"response": null, "error": {"code", "message"}``;
-- an answer that came back 200 but failed batchclient's checks (tool-call arguments or a JSON
-  answer not matching its schema) keeps its response and also carries ``error{code, message}``;
-  it is counted as failed and written to the error file.
-
-No line ever has status 200 without a ChatCompletion body (case C18).
+Guide, with examples: ``docs/jobs.md`` ("Output and error files").
 """
 
 from __future__ import annotations

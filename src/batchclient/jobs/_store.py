@@ -3,17 +3,14 @@ directory, plus the files themselves under ``files/``.
 
 Tables: ``files`` (the OpenAI file records and each file's SHA-256), ``jobs`` (the OpenAI batch
 record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``) and
-``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding the line of
-the output or error file it becomes, serialised once when it is committed, so that writing the
-files at the end only concatenates text).
+``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding its finished
+output or error line, so writing the files at the end only concatenates text).
 
-Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
-process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
-updated in the same transaction as the rows they count, so they can never disagree with them.
-
-One connection, used from worker threads (``anyio.to_thread``) under a lock; other processes
-(``batchclient jobs status`` while a run goes on) read through their own connections, which WAL
-allows alongside the writer.
+WAL with ``synchronous=NORMAL``: a committed result survives the death of the process (SIGKILL
+included), not a power cut; request counts change in the same transaction as the rows they
+count. One connection, used from worker threads under a lock; other processes read through
+their own connections, which WAL allows beside the writer. Guide: ``docs/jobs.md``
+("Durability and resume").
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Validation of an OpenAI batch input file (JSONL), streamed, all-or-nothing.
 
-Rules (OpenAI Batch API, ``shared/reference/batch-api-contract.md`` §2): every non-blank line is
-``{"custom_id": str (unique), "method": "POST", "url": "/v1/chat/completions", "body": {"model":
-str, "messages": [...], ...}}``; one model per file; ``stream: true`` is refused. One error per bad
-line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
-whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
+Rules (the OpenAI Batch API, https://platform.openai.com/docs/guides/batch): every non-blank
+line is ``{"custom_id": str (unique), "method": "POST", "url": "/v1/chat/completions", "body":
+{"model": str, "messages": [...], ...}}``; one model per file; ``stream: true`` is refused. One
+error per bad line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank
+and whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
 tolerated; anything that is not UTF-8 is refused with a message naming what it looks like.
 
 The file is read line by line and never held in memory; duplicate ``custom_id`` detection uses a
-private temporary on-disk SQLite database (SQLite's empty file name), so memory stays flat whatever
-the number of lines.
+private temporary on-disk SQLite database (SQLite's empty file name), so memory stays flat
+whatever the number of lines. Guide: ``docs/jobs.md`` ("The file format").
 """
 
 from __future__ import annotations

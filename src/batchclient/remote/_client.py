@@ -447,7 +447,7 @@ def _told_when(failure: RetryableFailure) -> bool:
 
 def _parse_success(status: int, raw: bytes) -> Result:
     """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` (never an empty
-    success: peer lesson 14, case C14)."""
+    success: vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm #13139)."""
     try:
         body = orjson.loads(raw)
     except ValueError:

@@ -1,26 +1,16 @@
 """Endpoints, their (endpoint, model) lanes, and the dispatcher that hands out request slots.
 
-- A **lane** is one (endpoint, model): its own adaptive concurrency limit (peer lesson 6:
-  limits are per endpoint and model, not per API key) and counters.
+- A **lane** is one (endpoint, model): its own adaptive concurrency limit and counters (limits
+  are per endpoint and model, not per API key: inspect_ai PR #3984).
 - An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
-  pause. All lanes of an endpoint share its pause and its health.
-- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
-  (fewest in flight relative to its limit; only endpoints with rpm/tpm room while any has some;
-  the endpoint of the previous failed attempt last). With no free slot the attempt queues
-  (first come, first served per model) and is handed a slot directly when one frees up, a pause
-  ends or an ejected endpoint returns.
-- **Pause**: a 429/503 with ``Retry-After`` stops *new* dispatches to that endpoint until then
-  (peer lesson 2, inspect_ai #5137); when it ends, each lane restarts at half its limit and
-  regains one slot per success until it is back at its limit (a gradual restart, not a burst).
-  A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
-  (it does what the server asked; otherwise a server that throttles every first call would
-  serialise the batch into one pause after another), and is served before new requests.
-- **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
-  52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
-  more failure ejects it again. If every endpoint is out, attempts fail fast with
-  :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
-  A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
-  may.
+  pause, shared by its lanes.
+- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model, or
+  queues it (first come, first served per model) until a slot frees up, a pause ends or an
+  ejected endpoint returns. It applies the pauses (inspect_ai #5137; a request that already
+  waited its own ``Retry-After`` is not held by later ones) and the ejections (``Ejection``).
+
+The rules step by step: ``docs/remote.md`` ("What happens to one request", "Retry-After and
+pauses", "Many endpoints").
 """
 
 from __future__ import annotations
@@ -50,7 +40,7 @@ class EndpointUnavailable(Exception):
 @dataclass
 class LaneStats:
     """What one (endpoint, model) lane has seen. ``concurrency_limit`` is its current limit;
-    ``throttled`` counts 429/503/529 answers (each one signal: no hidden retries, lesson 5);
+    ``throttled`` counts 429/503/529 answers (each one signal: no hidden retries, mlflow #24404);
     ``cuts`` how often the limit was cut."""
 
     url: str

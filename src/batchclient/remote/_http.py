@@ -1,22 +1,14 @@
 """A lean HTTP/1.1 keep-alive client for one endpoint: the remote provider's hot path.
 
-Why not aiohttp or httpx: at 256 requests in flight on one core, aiohttp's per-request
-machinery (request/response objects, multidict headers, payload registry, tracing hooks) costs
-about 140 µs, httpx several times that, and the openai SDK more again (GUIDE.md: 372 req/s on
-httpx, ~1,450 on aiohttp, 7,500-9,100 for bare aiohttp). A chat-completions call needs little of
-it: one POST with a JSON body, one JSON answer. This module writes each request with one
-``transport.write`` and parses the answer (status line, headers, ``Content-Length`` or chunked
-body, gzip/deflate) in an ``asyncio.Protocol``; ``docs/remote.md`` has the figures.
+Each request is one ``transport.write``; the answer (status line, headers, a ``Content-Length``,
+chunked or close-delimited body, gzip/deflate) is parsed in an ``asyncio.Protocol``. Supported:
+``http://`` and ``https://``, keep-alive reuse (connections the server closed while idle are
+dropped). Not supported: proxies, redirects, ``Expect: 100-continue``, HTTP/2.
 
-What it supports: ``http://`` and ``https://`` (``ssl.create_default_context()``), keep-alive
-connection reuse (idle connections closed by the server are dropped from the pool), responses
-framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or connection close, compressed
-bodies. What it does not: proxies, redirects, ``Expect: 100-continue``, HTTP/2.
-
-Every connection carries at most one request at a time; the pool opens a new one when none is
-idle (the concurrency limits upstream bound how many). A timeout or a cancellation while a
-request is outstanding closes that connection (so the server sees the client go away and can
-abort the work, and no late answer can be read as the next request's).
+Every connection carries one request at a time; the pool opens a new one when none is idle (the
+limits upstream bound how many). A timeout or a cancellation closes that connection, so the
+server sees the client leave and no late answer is read as the next request's. Why not
+aiohttp, httpx or the openai SDK, with the figures: ``docs/remote.md`` ("The HTTP path").
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Requests-per-minute and tokens-per-minute limits of one endpoint (aiolimiter leaky buckets).
 
-- ``rpm``: each request takes 1 from a bucket of ``rpm`` per ``period_s`` (default 60 s).
-- ``tpm``: each request takes its *estimated* token cost before it is sent, and the estimate
-  is settled with the answer's real ``usage.total_tokens`` afterwards (the difference is
-  refunded or charged), the way curator does (peer lesson 9). The estimate is
-  ``prompt_chars / 4`` (OpenAI's rule of thumb for English text) plus ``max_tokens`` when the
-  request sets it (OpenAI counts ``max_tokens`` against TPM at request time too), otherwise the
-  mean ``completion_tokens`` seen so far (learned from real answers; ``initial_output_tokens``
-  before the first answer).
-- The buckets start full, as aiolimiter's do: the first ``period_s`` may use the whole budget
-  at once (a burst of ``rpm`` requests), after which capacity drips back at ``rpm / period_s``
-  per second. One request never takes more than the whole budget (a prompt larger than ``tpm``
-  is charged ``tpm``), so it cannot wait forever.
-- They live on the endpoint, so every concurrent ``batch_chat_completion`` and every job of one
-  client shares them (peer lesson 9; litellm #5783, #10875).
+- ``rpm``: each request takes 1 from a bucket of ``rpm`` per ``period_s``.
+- ``tpm``: each request takes its estimated token cost before it is sent (``prompt_chars / 4``
+  plus ``max_tokens``, else the mean ``completion_tokens`` seen so far), settled with the
+  answer's real ``usage.total_tokens`` afterwards (as curator does: curator #401, #300).
+- The buckets start full; one request never takes more than the whole budget, so it cannot wait
+  forever. They live on the endpoint, so every call and every job of one client shares them
+  (litellm #5783, #10875).
+
+Details and defaults: ``docs/remote.md`` ("Rate limits").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - **Grammars** travel in vLLM's own request field (``structured_outputs: {"grammar": ...}``),
   which other OpenAI-compatible servers ignore or refuse. Ignoring it would return an
-  unconstrained answer as if it were constrained (case C17), so a body with
+  unconstrained answer as if it were constrained (crmne/ruby_llm #894), so a body with
   ``structured_outputs`` is only sent when every endpoint is a vLLM server; otherwise the item
   is refused with ``unsupported_parameter`` naming ``response_format``.
 - **How an endpoint is known to be vLLM**: ``GET {base_url}/models``, whose entries vLLM's

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._logs import copy_output, is_verbose
 from ..errors import EndpointError
 from ..models import resolve_model
 
@@ -53,6 +55,7 @@ def vllm_server(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
+    verbose: bool = False,
     **server_args: Any,
 ) -> Iterator[str]:
     """Run the real vLLM OpenAI-compatible server on loopback; yield its base URL.
@@ -77,7 +80,9 @@ def vllm_server(
             ``gpu_memory_utilization``, ``kv_cache_memory_bytes``),
             ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB; ignored by GPU builds).
         log_path: file for the server's stdout and stderr; default a temp file, deleted after a
-            clean exit and kept when anything failed.
+            clean exit and kept when anything failed. Nothing of it reaches the terminal.
+        verbose: also copy the server's output to this process's stderr as it comes
+            (``BATCHCLIENT_VERBOSE=1`` does the same).
         **server_args: more flags: ``tool_call_parser="hermes"`` -> ``--tool-call-parser
             hermes``; ``True`` -> bare flag; ``False``/``None`` -> omitted; a list or tuple ->
             the flag followed by each item.
@@ -121,19 +126,25 @@ def vllm_server(
     else:
         log_file = Path(log_path)
     failed = True
+    echo = getattr(sys.stderr, "buffer", None) if is_verbose(verbose) else None
+    copier: threading.Thread | None = None
     with log_file.open("ab") as log:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=log if echo is None else subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=child_env,
             start_new_session=True,  # its own process group: we can signal all its children
         )
+    if echo is not None and proc.stdout is not None:
+        copier = copy_output(proc.stdout, log_file, echo)
     try:
         problem = _wait_until_ready(proc, base_url, startup_timeout)
         if problem is not None:
             _stop_group(proc)
+            if copier is not None:
+                copier.join(timeout=_STOP_GRACE_S)
             tail = _tail(log_file, _LOG_TAIL_LINES)
             cause = _last_exception_line(tail)
             raise EndpointError(
@@ -144,6 +155,8 @@ def vllm_server(
         failed = False
     finally:
         _stop_group(proc)
+        if copier is not None:
+            copier.join(timeout=_STOP_GRACE_S)
         if own_log and not failed:
             log_file.unlink(missing_ok=True)
 

@@ -8,7 +8,7 @@ ceiling reference) and the peer clients ``openai-gather`` and ``litellm`` on the
 
 Modules: ``_spec`` (the data passed between processes), ``_data`` (ShareGPT or JSONL
 requests), ``_client_modes`` and ``_engine_modes`` (one function per mode), ``_child`` (one run
-in a fresh process), ``_stats`` (rates, percentiles, ratios, bars), ``_report`` (Markdown,
+in a fresh process), ``_stats`` (rates, percentiles, ratios, targets), ``_report`` (Markdown,
 JSON, chart, doc block), ``_args`` (the options), ``_run`` (the run). It lives in the package,
 not in ``bench/``, so the installed ``batchclient bench`` works from any directory;
 ``bench/bench.py`` is a thin script over it, next to the other benchmarks.

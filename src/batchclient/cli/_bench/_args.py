@@ -138,6 +138,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also replace the generated block of this Markdown file (docs/benchmarks.md)",
     )
     out.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything the server and each run print, vLLM's INFO lines included "
+        "(default: the harness's own lines, and the last lines of a run that failed; "
+        "BATCHCLIENT_VERBOSE=1 does the same)",
+    )
+    out.add_argument(
         "--from-json",
         type=Path,
         default=None,

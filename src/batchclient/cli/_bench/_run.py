@@ -24,6 +24,7 @@ from typing import Any
 
 import batchclient
 
+from ..._logs import VERBOSE_ENV, copy_output, is_verbose, vllm_env
 from ...errors import ConfigurationError
 from . import _report
 from ._args import check_args, command_line
@@ -37,7 +38,7 @@ from ._spec import (
     RunSpec,
     save_requests,
 )
-from ._stats import ModeRow, add_ratios, bars, run_row
+from ._stats import ModeRow, add_ratios, run_row, targets
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": list(args.concurrency),
         "peer_concurrency": peer,
         "rows": [r.to_json() for r in rows],
-        "bars": bars(rows, peer),
+        "targets": targets(rows, peer),
     }
 
 
@@ -202,6 +203,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
         kv_cache_memory_bytes=args.kv_cache_gib << 30,
         max_num_seqs=ENGINE_MAX_NUM_SEQS,
         max_num_batched_tokens=ENGINE_MAX_NUM_BATCHED_TOKENS,
+        verbose=args.verbose,
     ) as url:
         yield url
     _say("server stopped")
@@ -219,7 +221,9 @@ def _run_rows(rows: list[ModeRow], base: RunSpec, work: Path, args: argparse.Nam
             spec.result_file = str(work / f"{row.label}-{repeat}.result.json")
             tag = f"{row.label} run {repeat + 1}/{args.repeat}"
             _say(f"{tag} ...")
-            outcome = _child(spec, work / f"{row.label}-{repeat}", args.run_timeout)
+            outcome = _child(
+                spec, work / f"{row.label}-{repeat}", args.run_timeout, verbose=args.verbose
+            )
             if isinstance(outcome, str):
                 row.failed_runs.append(outcome)
                 _say(f"{tag}: FAILED: {outcome}")
@@ -232,16 +236,18 @@ def _run_rows(rows: list[ModeRow], base: RunSpec, work: Path, args: argparse.Nam
             )
 
 
-def _child(spec: RunSpec, stem: Path, timeout: float) -> RunFigures | str:
+def _child(spec: RunSpec, stem: Path, timeout: float, *, verbose: bool) -> RunFigures | str:
     """Run one spec in a fresh process (its own session, so a timeout kills its engine
-    processes too); the figures, or why there are none."""
+    processes too); the figures, or why there are none. Its output goes to a log file, and
+    with ``verbose`` to the terminal too."""
     import json
 
     spec_file, log_file = stem.with_suffix(".spec.json"), stem.with_suffix(".log")
     spec.save(spec_file)
     env = {
         **os.environ,
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        **vllm_env(verbose),
+        **({VERBOSE_ENV: "1"} if is_verbose(verbose) else {}),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm fetches a price list at import
         "TOKENIZERS_PARALLELISM": "false",
         # the child runs this very copy of batchclient, whatever the venv's install points at
@@ -251,8 +257,16 @@ def _child(spec: RunSpec, stem: Path, timeout: float) -> RunFigures | str:
         ),
     }
     cmd = [sys.executable, "-m", "batchclient.cli._bench._child", str(spec_file)]
+    echo = getattr(sys.stderr, "buffer", None) if is_verbose(verbose) else None
     with log_file.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log if echo is None else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        copier = None if proc.stdout is None else copy_output(proc.stdout, log_file, echo)
         try:
             code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -261,6 +275,8 @@ def _child(spec: RunSpec, stem: Path, timeout: float) -> RunFigures | str:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            if copier is not None:
+                copier.join(timeout=10)
     if code is None:
         return f"timed out after {timeout:.0f} s"
     result = Path(spec.result_file)

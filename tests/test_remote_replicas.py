@@ -1,0 +1,145 @@
+"""Several replicas behind one remote client: per-replica limits, least-loaded spread, and what
+happens when a replica dies or keeps failing (ejection, retries elsewhere, clear errors when
+all are down), against real loopback stub servers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from batchclient import RemoteBatchInference, RemoteEndpoint
+from batchclient.remote import Ejection, RateLimits
+from batchclient.testing import Fault, StubReply, StubServer
+from remote_util import FAST, convo, lane
+
+
+async def test_a_dead_endpoint_is_ejected_and_later_batches_avoid_it() -> None:
+    """A replica killed mid-run is ejected and later batches never try it (ray-project/ray
+    #59522: a dead engine failed the whole job)."""
+    stubs = [StubServer(latency_s=0.02).start() for _ in range(3)]
+    try:
+        async with RemoteBatchInference(
+            [s.url for s in stubs],
+            max_concurrency=8,
+            ejection=Ejection(duration_s=30.0),
+            timeout=10.0,
+            **FAST,
+        ) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    client.batch_chat_completion, "smollm2", [convo(f"n{i}") for i in range(600)]
+                )
+                await anyio.sleep(0.4)
+                await anyio.to_thread.run_sync(stubs[0].kill)
+            sent_to_dead = lane(client, stubs[0].url).sent
+            results = await client.batch_chat_completion(
+                "smollm2", [convo(f"m{i}") for i in range(100)]
+            )
+            dead = lane(client, stubs[0].url)
+    finally:
+        for s in stubs:
+            s.stop()
+    assert all(r.error is None for r in results.batch)
+    assert dead.ejected
+    assert dead.sent == sent_to_dead  # not one attempt at the dead endpoint afterwards
+    assert stubs[1].stats.by_status[200] + stubs[2].stats.by_status[200] >= 400
+
+
+async def test_the_whole_batch_succeeds_when_one_endpoint_dies_mid_run() -> None:
+    stubs = [StubServer(latency_s=0.02).start() for _ in range(3)]
+    box: dict[str, Any] = {}
+    try:
+        # timeout: an attempt caught on a connection the kill left half-open (no reset, no
+        # answer, as with a crashed host) is retried elsewhere after 3 s instead of 600 s
+        async with RemoteBatchInference([s.url for s in stubs], timeout=3.0, **FAST) as client:
+
+            async def run() -> None:
+                box["result"] = await client.batch_chat_completion(
+                    "smollm2", [convo(f"n{i}") for i in range(600)]
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await anyio.sleep(0.4)
+                await anyio.to_thread.run_sync(stubs[1].kill)
+    finally:
+        for s in stubs:
+            s.stop()
+    assert stubs[1].stats.requests > 0  # it did serve before it died
+    assert all(r.error is None for r in box["result"].batch)
+
+
+async def test_all_endpoints_down_gives_clear_errors_fast() -> None:
+    dead = [StubServer().start() for _ in range(2)]
+    urls = [s.url for s in dead]
+    for s in dead:
+        s.kill()
+    async with RemoteBatchInference(
+        urls, max_retries=3, ejection=Ejection(after=2, duration_s=0.2), check_model=False, **FAST
+    ) as client:
+        with anyio.fail_after(10):
+            result = await client.batch_chat_completion(
+                "smollm2", [convo(f"n{i}") for i in range(50)]
+            )
+    for item in result.batch:
+        assert item.error is not None
+        assert item.error.code in ("connection_error", "endpoint_unavailable")
+        assert "127.0.0.1" in item.error.message
+
+
+async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
+    """A small replica (at most 2 in flight) beside a large one (6): each gets at most its own
+    limit and a share of the work in proportion; a per-endpoint rpm holds for its endpoint."""
+    with StubServer(latency_s=0.05) as small, StubServer(latency_s=0.05) as large:
+        endpoints: list[str | RemoteEndpoint] = [
+            RemoteEndpoint(small.url, max_concurrency=2),
+            large.url,
+        ]
+        async with RemoteBatchInference(endpoints, max_concurrency=6, adaptive=False) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", [convo(f"n{i}") for i in range(160)]
+            )
+        assert all(r.error is None for r in result.batch)
+        assert (small.stats.max_in_flight, large.stats.max_in_flight) == (2, 6)
+        assert 25 <= small.stats.requests <= 55  # about 2/8 of 160
+        with StubServer() as limited:
+            endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]  # same type as above
+            async with RemoteBatchInference(
+                endpoints, rate_limits=RateLimits(period_s=1.0)
+            ) as client:
+                started = time.monotonic()
+                await client.batch_chat_completion("smollm2", [convo(f"r{i}") for i in range(60)])
+                elapsed = time.monotonic() - started
+        assert limited.stats.requests <= 5 + 5 * elapsed + 1  # its own bucket, never more
+
+
+async def test_a_retry_after_a_connection_error_prefers_another_endpoint() -> None:
+    with (
+        StubServer(faults=[Fault(StubReply(action="reset"))]) as flaky,
+        StubServer() as good,
+    ):
+        async with RemoteBatchInference([flaky.url, good.url], **FAST) as client:
+            result = await client.batch_chat_completion("smollm2", [convo("x")])
+    assert result.batch[0].text == "echo: x"
+    assert flaky.stats.requests == 1  # the first attempt went to the first endpoint...
+    assert good.stats.requests == 1  # ...and its retry elsewhere
+
+
+async def test_an_endpoint_answering_5xx_repeatedly_is_ejected() -> None:
+    with StubServer(faults=[Fault(StubReply(status=500))]) as broken, StubServer() as good:
+        async with RemoteBatchInference(
+            [broken.url, good.url],
+            max_concurrency=2,
+            adaptive=False,
+            ejection=Ejection(duration_s=60),
+            **FAST,
+        ) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", [convo(f"n{i}") for i in range(40)]
+            )
+            stats = lane(client, broken.url)
+    assert all(r.error is None for r in result.batch)
+    assert stats.ejected and broken.stats.requests <= 4
+    assert good.stats.by_status[200] == 40
