@@ -116,7 +116,10 @@ def main() -> None:
         "goal_req_per_s_after_10s": 0.9 * IDEAL,
         "goal_share_429_below": 0.05,
         "load_avg_at_start": os.getloadavg(),
-        "runs": {"no_retry_after": one(args.seconds, None), "retry_after_1s": one(args.seconds, "1")},
+        "runs": {
+            "no_retry_after": one(args.seconds, None),
+            "retry_after_1s": one(args.seconds, "1"),
+        },
     }
     report["goals_met"] = all(
         r["goal_throughput_met"] and r["goal_429_met"] for r in report["runs"].values()

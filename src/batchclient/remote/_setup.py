@@ -142,6 +142,10 @@ def build_dispatcher(
             fixed["Authorization"] = f"Bearer {key}"
         proxy_url = resolve_proxy(address.url(""), proxy, trust_env)
         proxy_auth = proxy_authorization(proxy_url)
+        if proxy_auth is not None and address.origin.startswith("http://"):
+            # a plain-HTTP request is sent to the proxy itself (no CONNECT): the header rides on
+            # it, and the proxy removes it before forwarding
+            fixed["Proxy-Authorization"], proxy_auth = proxy_auth, None
         redactor = Redactor.of(
             fixed, key, address.password, proxy_url.password if proxy_url else None, proxy_auth
         )
