@@ -25,6 +25,7 @@ from rawnet import MODELS, ForwardProxy, Seen, answering, completion, ok, read_r
 
 FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 CONVO = [[{"role": "user", "content": "hi"}]]
+SMALL = [[{"role": "user", "content": "small"}]]
 SECRET = "sk-test-0123456789abcdef"
 
 
@@ -120,7 +121,7 @@ async def test_an_upstream_error_echoing_the_key_is_stored_redacted(tmp_path: Pa
     err = result.batch[0].error
     assert err is not None and err.status_code == 400
     assert "Authorization: [redacted]" in err.message and SECRET not in err.message
-    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())  # noqa: ASYNC240
     assert b"[redacted]" in stored and SECRET.encode() not in stored
     assert batch.error_file_id is not None
 
