@@ -64,15 +64,19 @@ async def test_lesson01_a_real_429_backs_off_whatever_its_body_says(body: Any) -
 # ---------------------------------------------------------------------------- lesson 2
 
 
-async def test_lesson02_retry_after_pauses_new_dispatches_to_the_endpoint() -> None:
-    """One request gets ``429 Retry-After: 1``: no request at all reaches the endpoint for that
-    second (not only the throttled one), then dispatch restarts at half the limit."""
-    arrivals: list[tuple[float, str]] = []
+async def test_lesson02_retry_after_pauses_the_endpoint_when_throttling_is_endpoint_wide() -> None:
+    """Every answer is ``429 Retry-After: 1`` for a moment: no request at all reaches the
+    endpoint for that second (not only the throttled ones). An isolated 429 holds only its
+    own request (tests/test_remote_throttling.py)."""
+    arrivals: list[float] = []
+    first: list[float] = []
 
     def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
-        text = stub_module._text_of(body)
-        arrivals.append((time.monotonic(), text))
-        if text == "trigger" and attempt == 1:
+        now = time.monotonic()
+        arrivals.append(now)
+        if not first:
+            first.append(now)
+        if now - first[0] < 0.1:
             return StubReply(status=429, headers={"Retry-After": "1"})
         return None
 
@@ -80,20 +84,15 @@ async def test_lesson02_retry_after_pauses_new_dispatches_to_the_endpoint() -> N
         async with RemoteBatchInference(
             stub.url, max_concurrency=8, adaptive=False, **FAST
         ) as client:
-            batch = [convo("trigger")] + [convo(f"n{i}") for i in range(80)]
+            batch = [convo(f"n{i}") for i in range(80)]
             result = await client.batch_chat_completion("smollm2", batch)
     assert all(r.error is None for r in result.batch)
-    t429 = next(t for t, text in arrivals if text == "trigger")
-    # in-flight requests finish, but nothing new is sent until the second is over
-    during = [t for t, _ in arrivals if t429 + 0.02 < t < t429 + 0.98]
+    t429 = max(t for t in arrivals if t - first[0] < 0.1)
+    # nothing new is sent until the second is over
+    during = [t for t in arrivals if t429 + 0.02 < t < first[0] + 0.98]
     assert during == [], f"{len(during)} requests sent during the pause"
-    after = sorted(t for t, _ in arrivals if t >= t429 + 0.98)
-    assert after, "dispatch never resumed"
-    # gradual restart: the first 40 ms after the pause see at most half the limit (4), not 8
-    first_wave = [t for t in after if t < after[0] + 0.04]
-    assert len(first_wave) <= 4
-    retry = [t for t, text in arrivals if text == "trigger"][1]
-    assert retry - t429 >= 1.0  # the throttled request itself waited the server's value
+    assert any(t >= first[0] + 0.98 for t in arrivals), "dispatch never resumed"
+    assert stub.stats.by_status[429] == 8  # the first wave, each retried once
 
 
 # ---------------------------------------------------------------------------- lesson 3
@@ -442,7 +441,9 @@ async def test_a_retry_after_a_connection_error_prefers_another_endpoint() -> No
         async with RemoteBatchInference([flaky.url, good.url], **FAST) as client:
             result = await client.batch_chat_completion("smollm2", [convo("x")])
     assert result.batch[0].text == "echo: x"
-    assert flaky.stats.requests == 1  # the first attempt went to the first endpoint...
+    # the first attempt went to the first endpoint (a reset on the connection the model check
+    # had used is tried once more on a fresh one, which is not an attempt)...
+    assert 1 <= flaky.stats.requests <= 2
     assert good.stats.requests == 1  # ...and its retry elsewhere
 
 

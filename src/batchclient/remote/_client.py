@@ -392,14 +392,14 @@ class RemoteProvider(Provider):
         marks = None
         try:
             rates = ep.rates
-            cost = 0.0
-            if rates.active or ep.quota.tokens.active:
-                cost = rates.estimate(body)
+            # always estimated: a token quota may be announced by any answer, and the requests
+            # already on their way must count against it then
+            cost = rates.estimate(body)
             if rates.active:
                 await rates.acquire(cost)  # before the clock starts: queueing is not sending
-            lane.sent += 1
             marks = ep.quota.on_send(cost)
             sent_at = time.monotonic()
+            token = lane.sending(sent_at)
             try:
                 resp = await ep.pool.request("POST", path, data, timeout=self.timeout)
             except HttpTimeout:
@@ -417,6 +417,8 @@ class RemoteProvider(Provider):
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
             return self._outcome(lane, resp, sent_at, cost, marks, parsed)
         finally:
+            if marks is not None:
+                lane.landed(token)
             if marks is None:  # given back unsent (cancelled while waiting for the buckets)
                 ep.quota.unreserve()
             dispatcher.release(lane)

@@ -86,6 +86,22 @@ class Lane:
     succeeded: int = 0
     throttled: int = 0
     failed: int = 0
+    flying: dict[int, float] = field(default_factory=dict)  # sent, unanswered: send times
+
+    def sending(self, sent_at: float) -> int:
+        """Register a request sent at ``sent_at``; returns its token for :meth:`landed`."""
+        self.sent += 1
+        token = self.sent
+        self.flying[token] = sent_at
+        return token
+
+    def landed(self, token: int) -> None:
+        self.flying.pop(token, None)
+
+    def held_before(self, sent_at: float) -> int:
+        """Requests still unanswered that were sent before ``sent_at``: what the server was
+        holding when a request sent then arrived (newer ones arrived after it)."""
+        return sum(1 for t in self.flying.values() if t < sent_at)
 
     def free(self) -> int:
         limit = self.control.limit
@@ -290,7 +306,8 @@ class Dispatcher:
         (the quota hold paces that; the concurrency limit is left alone). Otherwise an
         endpoint-wide throttle (see :meth:`endpoint_wide`) cuts the limit as a rate limit and
         pauses the endpoint for ``retry_after_s``; an isolated one shows the server's capacity
-        (the requests in flight beside it) to the limit."""
+        to the limit: the requests sent before it and still unanswered, which the server was
+        holding when it refused this one."""
         lane.throttled += 1
         ep = lane.endpoint
         ep.recent.append(True)
@@ -301,7 +318,8 @@ class Dispatcher:
             if retry_after_s is not None and retry_after_s > 0:
                 self.pause(ep, time.monotonic() + retry_after_s)
         else:
-            lane.control.on_throttle(sent_at, in_flight_beside=lane.in_use - 1)
+            held = lane.held_before(sent_at) if lane.flying else lane.in_use - 1
+            lane.control.on_throttle(sent_at, in_flight_beside=held)
 
     @staticmethod
     def endpoint_wide(ep: Replica) -> bool:
