@@ -18,7 +18,7 @@ from batchclient.remote._quota import HeaderQuota, parse_duration
 from batchclient.testing import StubReply, StubServer
 from batchclient.testing import _stub as stub_module
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)}
+FAST = RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)
 
 
 def convos(n: int, prefix: str = "n") -> list[list[dict[str, str]]]:
@@ -35,7 +35,7 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
     """Capacity 6, 50 ms per answer: 120 req/s at most. Excess requests get 429 (with
     ``Retry-After: 1`` or without). Only they wait; the others keep the server full."""
     with StubServer(latency_s=0.05, capacity=6, capacity_retry_after=retry_after) as stub:
-        async with RemoteBatchInference(stub.url, **FAST) as client:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
             started = time.monotonic()
             result = await client.batch_chat_completion("smollm2", convos(360))
             elapsed = time.monotonic() - started
@@ -60,7 +60,7 @@ async def test_an_isolated_retry_after_holds_only_its_request() -> None:
 
     with StubServer(latency_s=0.05, handler=handler) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, adaptive=False, **FAST
+            stub.url, max_concurrency=8, adaptive=False, retry=FAST
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", [[{"role": "user", "content": "trigger"}], *convos(120)]
@@ -90,7 +90,7 @@ async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
 
     with StubServer(latency_s=0.02, handler=handler) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, adaptive=False, **FAST
+            stub.url, max_concurrency=8, adaptive=False, retry=FAST
         ) as client:
             result = await client.batch_chat_completion("smollm2", convos(80))
     assert all(r.error is None for r in result.batch)
@@ -108,7 +108,7 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     """A gateway allowing 40 requests per 0.5 s window, announced in ``x-ratelimit-*``
     headers, and no rpm set by the user: the client holds before the quota runs out."""
     with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
-        async with RemoteBatchInference(stub.url, **FAST) as client:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
             started = time.monotonic()
             result = await client.batch_chat_completion("smollm2", convos(240))
             elapsed = time.monotonic() - started
@@ -120,7 +120,7 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
 async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
     """The control for the test above: the same quota, not announced."""
     with StubServer(latency_s=0.03, quota=(40, 0.5), quota_headers=False) as stub:
-        async with RemoteBatchInference(stub.url, max_retries=20, **FAST) as client:
+        async with RemoteBatchInference(stub.url, max_retries=20, retry=FAST) as client:
             await client.batch_chat_completion("smollm2", convos(120))
     assert stub.stats.by_status[429] > 24
 
@@ -128,7 +128,7 @@ async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
 async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
     # each request: 1 prompt word + max_tokens 20 = 21 tokens; 420 per 0.5 s = 20 requests
     with StubServer(latency_s=0.02, token_quota=(420, 0.5)) as stub:
-        async with RemoteBatchInference(stub.url, **FAST) as client:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
             result = await client.batch_chat_completion(
                 "smollm2", convos(100), sampling_params=SamplingParams(max_tokens=20)
             )
@@ -149,7 +149,7 @@ async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
 async def test_malformed_quota_headers_are_ignored(headers: dict[str, str]) -> None:
     reply = StubReply(headers=headers)
     with StubServer(handler=lambda body, attempt: reply) as stub:
-        async with RemoteBatchInference(stub.url, timeout=5, **FAST) as client:
+        async with RemoteBatchInference(stub.url, timeout=5, retry=FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(20))
     assert all(r.error is None for r in result.batch)
 

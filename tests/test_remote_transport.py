@@ -23,7 +23,7 @@ from batchclient.remote import HttpOptions, RetryPolicy
 from batchclient.testing import StubServer
 from rawnet import MODELS, ForwardProxy, Seen, answering, completion, ok, read_request, serve
 
-FAST = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
+FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 CONVO = [[{"role": "user", "content": "hi"}]]
 SMALL = [[{"role": "user", "content": "small"}]]
 SECRET = "sk-test-0123456789abcdef"
@@ -469,7 +469,7 @@ async def test_a_server_closing_pooled_connections_costs_no_failures() -> None:
         await read_request(reader)  # the reuse: closed without an answer
 
     async with serve(one_per_connection) as port:
-        async with RemoteBatchInference(url(port), max_concurrency=4, **FAST) as client:
+        async with RemoteBatchInference(url(port), max_concurrency=4, retry=FAST) as client:
             started = time.monotonic()
             result = await client.batch_chat_completion("m", CONVO * 32)
             elapsed = time.monotonic() - started

@@ -21,14 +21,16 @@ An AIMD controller (additive increase, multiplicative decrease: TCP congestion c
   steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
   limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
   and it grows back as soon as requests succeed (peer lesson 3).
-- **Capacity ceiling**: a throttle *without* ``Retry-After`` also tells how many requests the
-  server held: the others in flight when it came. The limit never stays above that (else the
+- **Capacity ceiling**: an isolated throttle (with or without ``Retry-After``) also tells how
+  many requests the server held: those sent before the refused one and still unanswered
+  (``_endpoints``). The limit never stays above that (else the
   slot of a request refused in a millisecond is refilled at once and refused again: one above
   capacity became hundreds of 429s per second until the next cut), and it becomes a ceiling
   that growth crosses one step per cool-down (a probe, like TCP CUBIC's plateau near its last
   maximum). A refused probe only caps the limit again (no multiplicative cut); two probes that
-  hold mean the server grew, and the ceiling is forgotten. A throttle *with* ``Retry-After`` is
-  a rate limit: the endpoint is paused (``_endpoints``) and the ceiling dropped.
+  hold mean the server grew, and the ceiling is forgotten. An endpoint-wide throttle (most
+  answers refused) is a rate limit: the endpoint is paused (``_endpoints``) and the ceiling
+  dropped.
 - **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
 
 The controller is a plain object with an injectable clock so its rules are tested without
@@ -123,9 +125,9 @@ class AdaptiveLimit:
         """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
         limit was cut multiplicatively (at most once per cool-down).
 
-        ``in_flight_beside``: the other requests in flight when the answer came (None for a
-        throttle with ``Retry-After``, which pauses the endpoint instead). It is the capacity
-        the server just showed: the limit never stays above it, and it becomes the ceiling
+        ``in_flight_beside``: the requests the server was holding when it refused this one
+        (None for an endpoint-wide throttle, a rate limit rather than a capacity). It is the
+        capacity the server just showed: the limit never stays above it, and it becomes the ceiling
         that growth probes one step per cool-down. A throttle of a probe above that ceiling
         only caps the limit again; any other throttle cuts it by ``decrease_factor`` once per
         cool-down. Answers of requests sent before the last change are ignored (one burst,

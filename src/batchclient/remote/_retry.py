@@ -6,7 +6,8 @@
   they fail on the first attempt with their status (peer lesson 4).
 - Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_cap_s``)
   plus up to 10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
-  ``wait_exponential_jitter``). The endpoint is paused for the same time (``_endpoints``).
+  ``wait_exponential_jitter``). Only that request waits; the endpoint is paused as well when
+  the throttling is endpoint-wide (``_endpoints``).
 - The first attempt runs outside tenacity (one ``AsyncRetrying`` per request costs about as much
   as the HTTP call on an instant server); only a request that failed once enters it.
 - Attempts are bounded (``max_retries`` retries after the first try); a request that runs out
@@ -26,9 +27,9 @@ if TYPE_CHECKING:
     from .._core.request import Result
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
-# Throttles: they cut the adaptive concurrency limit (and pause the endpoint when they carry
-# Retry-After). 429 is a rate limit whatever its body says (peer lesson 1); 503 and 529 are how
-# servers say "overloaded" (vLLM, Anthropic).
+# Throttles: they cap or cut the adaptive concurrency limit (and pause the endpoint when most
+# answers are throttles and they carry Retry-After). 429 is a rate limit whatever its body says
+# (peer lesson 1); 503 and 529 are how servers say "overloaded" (vLLM, Anthropic).
 THROTTLE_STATUS = frozenset({429, 503, 529})
 # Server failures: repeated ones eject the endpoint (its requests go to the other replicas).
 EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})
