@@ -8,6 +8,7 @@ import math
 import time
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,18 +35,43 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
 ) -> None:
     """Capacity 6, 50 ms per answer: 120 req/s at most. Excess requests get 429 (with
     ``Retry-After: 1`` or without). Only they wait; the others keep the server full."""
-    with StubServer(latency_s=0.05, capacity=6, capacity_retry_after=retry_after) as stub:
+    refused: list[float] = []
+    arrivals: list[float] = []
+
+    def record(body: dict[str, Any], attempt: int) -> None:
+        arrivals.append(time.monotonic())
+
+    with StubServer(
+        latency_s=0.05, capacity=6, capacity_retry_after=retry_after, handler=record
+    ) as stub:
         async with RemoteBatchInference(stub.url, retry=FAST) as client:
-            started = time.monotonic()
-            result = await client.batch_chat_completion("smollm2", convos(360))
-            elapsed = time.monotonic() - started
+            last = 0
+            result = None
+
+            async def watch() -> None:
+                nonlocal last
+                while True:
+                    throttled = (
+                        client.endpoint_stats()[0].throttled if client.endpoint_stats() else 0
+                    )
+                    if throttled > last:
+                        refused.append(time.monotonic())
+                        last = throttled
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                result = await client.batch_chat_completion("smollm2", convos(360))
+                tg.cancel_scope.cancel()
             stats = client.endpoint_stats()[0]
     assert all(r.error is None for r in result.batch)
     share = stub.stats.by_status[429] / stub.stats.requests
     assert share < 0.05, share
-    assert stats.concurrency_limit in range(5, 9)
-    # 360 at 120/s is 3 s; pausing the endpoint for each Retry-After would take far longer
-    assert elapsed < 6.0, elapsed
+    assert stats.concurrency_limit in range(5, 9) and stub.stats.max_in_flight >= 6
+    # after a 429 in the steady state (one per probe), the other requests went on
+    late = [t for t in refused if t > refused[0] + 0.5 and t < arrivals[-1] - 0.5]
+    for t in late:
+        assert any(t < a < t + 0.3 for a in arrivals), "the endpoint stopped after a 429"
 
 
 async def test_an_isolated_retry_after_holds_only_its_request() -> None:
@@ -68,7 +94,7 @@ async def test_an_isolated_retry_after_holds_only_its_request() -> None:
     assert all(r.error is None for r in result.batch)
     t429, retried = (t for t, text in arrivals if text == "trigger")
     during = [t for t, _ in arrivals if t429 + 0.02 < t < t429 + 0.95]
-    assert len(during) > 50  # the others went on at full speed
+    assert len(during) > 10  # the others went on (a pause would let none through)
     assert retried - t429 >= 1.0  # the throttled request waited what the server said
     assert stub.stats.requests == 122
 

@@ -251,6 +251,7 @@ class RemoteProvider(Provider):
                 ejection=ejection,
                 timeouts=timeouts,
                 http=http,
+                retry_after_cap_s=retry.retry_after_cap_s,
             )
 
         self._build = build

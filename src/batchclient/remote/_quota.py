@@ -110,8 +110,10 @@ class _Dimension:
 @dataclass
 class HeaderQuota:
     """The announced request and token quotas of one endpoint. Inactive (free) until an
-    answer carries the headers."""
+    answer carries the headers. ``max_hold_s``: the longest hold (seconds; the longest
+    ``Retry-After`` honoured), after which requests go and find out."""
 
+    max_hold_s: float = 60.0
     requests: _Dimension = field(default_factory=lambda: _Dimension("requests"))
     tokens: _Dimension = field(default_factory=lambda: _Dimension("tokens"))
     last_cost: float = 1.0
@@ -156,7 +158,7 @@ class HeaderQuota:
                 if dim.reset_at == math.inf and in_flight == 0:
                     continue  # no report is on its way: send one to learn where things stand
                 until = dim.reset_at if until is None else max(until, dim.reset_at)
-        return until
+        return until if until is None or until == math.inf else min(until, now + self.max_hold_s)
 
     def reset_in(self, now: float) -> float | None:
         """Seconds until the next known reset of a quota that is used up, else None."""

@@ -116,6 +116,7 @@ def build_dispatcher(
     ejection: Ejection,
     timeouts: Timeouts,
     http: HttpOptions,
+    retry_after_cap_s: float,
 ) -> Dispatcher:
     """Every endpoint's transport, buckets and limits. Raises ``ConfigurationError`` for any
     bad argument (the URL shown without its userinfo; a header named, never its value)."""
@@ -179,5 +180,7 @@ def build_dispatcher(
             period_s=rate_limits.period_s,
             initial_output_tokens=rate_limits.initial_output_tokens,
         )
-        built.append(Replica(address.display, transport, rates, limits, adaptive is not False))
+        replica = Replica(address.display, transport, rates, limits, adaptive is not False)
+        replica.quota.max_hold_s = retry_after_cap_s
+        built.append(replica)
     return Dispatcher(built, eject_after=ejection.after, eject_s=ejection.duration_s)
