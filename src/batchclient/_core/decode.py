@@ -24,7 +24,6 @@ import orjson
 from ..errors import ErrorCode
 from ..types import (
     ChatCompletionResponse,
-    CompletionMessage,
     MetricInResponse,
     StopReason,
     TokenLogProbs,
@@ -132,12 +131,17 @@ def parse_logprobs(choice: dict[str, Any]) -> list[TokenLogProbs] | None:
 
 
 def usage_metrics(usage: Any) -> list[MetricInResponse]:
-    metrics: list[MetricInResponse] = []
+    """The token counts of an answer's ``usage`` as metrics (unit ``tokens``)."""
+    return [MetricInResponse.model_validate(m) for m in _usage_dicts(usage)]
+
+
+def _usage_dicts(usage: Any) -> list[dict[str, Any]]:
+    metrics: list[dict[str, Any]] = []
     if isinstance(usage, dict):
         for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
             value = number(usage.get(name))
             if value is not None:
-                metrics.append(MetricInResponse(metric=name, value=value, unit="tokens"))
+                metrics.append({"metric": name, "value": value, "unit": "tokens"})
     return metrics
 
 
@@ -210,20 +214,24 @@ def _success(request: Request, result: Result) -> ChatCompletionResponse:
     if tool_calls:
         stop_reason = StopReason.end_of_message
 
-    metrics = usage_metrics(body.get("usage"))
+    metrics = _usage_dicts(body.get("usage"))
     if result.ttft_s is not None:
-        metrics.append(
-            MetricInResponse(metric="time_to_first_token", value=result.ttft_s, unit="s")
-        )
+        metrics.append({"metric": "time_to_first_token", "value": result.ttft_s, "unit": "s"})
     if result.latency_s is not None:
-        metrics.append(MetricInResponse(metric="latency", value=result.latency_s, unit="s"))
-    return ChatCompletionResponse(
-        completion_message=CompletionMessage(
-            content=text, stop_reason=stop_reason, tool_calls=tool_calls
-        ),
-        logprobs=parse_logprobs(choice),
-        metrics=metrics,
-        custom_id=custom_id,
+        metrics.append({"metric": "latency", "value": result.latency_s, "unit": "s"})
+    # one validation of the whole response (nested models built in pydantic-core) costs about
+    # a third less than building each model on its own
+    return ChatCompletionResponse.model_validate(
+        {
+            "completion_message": {
+                "content": text,
+                "stop_reason": stop_reason,
+                "tool_calls": tool_calls,
+            },
+            "logprobs": parse_logprobs(choice),
+            "metrics": metrics,
+            "custom_id": custom_id,
+        }
     )
 
 
