@@ -110,15 +110,22 @@ async def run_openai(url: str, n: int, in_flight: int, backend: str) -> Figures:
 
     http_client = DefaultAioHttpClient() if backend == "aiohttp" else None
     batch = messages(n)
+    failures = 0
     async with AsyncOpenAI(
-        base_url=url, api_key="EMPTY", max_retries=0, http_client=http_client
+        base_url=url, api_key="EMPTY", max_retries=0, timeout=120.0, http_client=http_client
     ) as client:
 
         async def one(i: int) -> None:
-            await client.chat.completions.create(model="smollm2", messages=batch[i])  # type: ignore[arg-type]
+            nonlocal failures
+            try:
+                await client.chat.completions.create(model="smollm2", messages=batch[i])  # type: ignore[arg-type]
+            except Exception:  # a timeout on a loaded machine: counted, not fatal to the run
+                failures += 1
 
         await workers(min(n, 1000), in_flight, one)
-        return await timed(n, lambda: workers(n, in_flight, one))
+        figures = await timed(n, lambda: workers(n, in_flight, one))
+    figures["failed"] = failures
+    return figures
 
 
 def modes(args: argparse.Namespace) -> dict[str, Callable[[str, int], Figures]]:
