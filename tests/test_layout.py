@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, int]] = [
     # (module or package prefix, layer): the longest matching prefix wins
     ("errors", 0),
     ("_logs", 0),
+    ("_version", 0),
     ("types", 1),
     ("models", 1),
     ("datasets", 2),

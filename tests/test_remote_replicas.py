@@ -123,7 +123,9 @@ async def test_a_retry_after_a_connection_error_prefers_another_endpoint() -> No
         async with RemoteBatchInference([flaky.url, good.url], **FAST) as client:
             result = await client.batch_chat_completion("smollm2", [convo("x")])
     assert result.batch[0].text == "echo: x"
-    assert flaky.stats.requests == 1  # the first attempt went to the first endpoint...
+    # the first attempt went to the first endpoint (a reset on the connection the model check
+    # had used is tried once more on a fresh one, which is not an attempt)...
+    assert 1 <= flaky.stats.requests <= 2
     assert good.stats.requests == 1  # ...and its retry elsewhere
 
 

@@ -29,6 +29,7 @@ from ._core.request import (
     failed,
     item_error,
 )
+from ._version import __version__
 from .errors import (
     BatchClientError,
     BatchFailedError,
@@ -106,8 +107,6 @@ from .types import (
     TopPSamplingStrategy,
     UserMessage,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveConcurrency",

@@ -58,6 +58,7 @@ class ErrorCode(StrEnum):
     server_error = "server_error"  # HTTP 5xx after every retry
     http_error = "http_error"  # any other HTTP status
     bad_upstream_response = "bad_upstream_response"  # 2xx without a usable ChatCompletion body
+    response_too_large = "response_too_large"  # an answer over the transport's size cap
     timeout = "timeout"  # no answer within the timeout, counted from dispatch
     connection_error = "connection_error"  # could not connect, or the connection dropped
     endpoint_unavailable = "endpoint_unavailable"  # every endpoint ejected / down

@@ -55,12 +55,19 @@ def parse_tool_calls(
             return [], _bad(
                 ErrorCode.invalid_tool_call,
                 f"tool call {i} has no function",
-                json.dumps(call),
+                json.dumps(call, default=str),
                 "tools",
             )
         name = fn.get("name") or ""
         raw_args = fn.get("arguments")
-        raw_text = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
+        raw_text = raw_args if isinstance(raw_args, str) else json.dumps(raw_args, default=str)
+        if not isinstance(name, str):
+            return [], _bad(
+                ErrorCode.invalid_tool_call,
+                f"tool call {i} has a function name that is not a string",
+                raw_text,
+                "tools",
+            )
         try:
             args = json.loads(raw_args) if isinstance(raw_args, str) else raw_args
         except ValueError as exc:
@@ -134,6 +141,13 @@ def check_answer(
     """
     wire_calls = message.get("tool_calls") or []
     forced = _forced_choice(request.body)
+    if not isinstance(wire_calls, list):
+        return [], _bad(
+            ErrorCode.invalid_tool_call,
+            "tool_calls is not a list",
+            json.dumps(wire_calls, default=str)[:500],
+            "tools",
+        )
     if wire_calls:
         calls, problem = parse_tool_calls(request, wire_calls)
         other = [c.tool_name for c in calls if forced not in (None, "required", c.tool_name)]
@@ -141,7 +155,7 @@ def check_answer(
             problem = _bad(
                 ErrorCode.invalid_tool_call,
                 f"tool_choice is {forced!r} but the model called {other[0]!r}",
-                json.dumps(wire_calls),
+                json.dumps(wire_calls, default=str),
                 "tool_choice",
             )
         return ([], problem) if problem is not None else (calls, None)

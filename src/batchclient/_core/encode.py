@@ -209,7 +209,7 @@ def logprobs_to_wire(config: LogProbConfig) -> dict[str, Any]:
 
 def build_body(
     model: str,
-    messages: Sequence[Message],
+    messages: Sequence[Message | dict[str, Any]],
     sampling_params: SamplingParams,
     *,
     tools: Sequence[dict[str, Any]] | None = None,
@@ -217,8 +217,10 @@ def build_body(
     response_format: ResponseFormat | None = None,
     logprobs: LogProbConfig | None = None,
 ) -> dict[str, Any]:
-    """The OpenAI chat-completions body for one conversation (``tools`` already in wire form)."""
-    body: dict[str, Any] = {"model": model, "messages": [message_to_wire(m) for m in messages]}
+    """The OpenAI chat-completions body for one conversation (``tools`` already in wire form;
+    a dict message is taken as already in wire form, see :func:`plain_wire`)."""
+    wire = [m if isinstance(m, dict) else message_to_wire(m) for m in messages]
+    body: dict[str, Any] = {"model": model, "messages": wire}
     body.update(sampling_to_wire(sampling_params))
     if tools:
         body["tools"] = list(tools)
@@ -291,7 +293,9 @@ def _chat_requests(
         schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
         custom_id = custom_ids[i] if custom_ids is not None else None
         try:
-            messages = coerce_messages(list(conversation))
+            messages: list[Message] | list[dict[str, Any]] | None = plain_wire(conversation)
+            if messages is None:
+                messages = coerce_messages(list(conversation))
             if not messages:
                 raise ValueError("the conversation has no messages")
         except (ValidationError, ValueError, TypeError) as exc:
@@ -321,6 +325,26 @@ def _chat_requests(
             tool_schemas=tool_schemas,
             tool_prompt_format=tool_prompt_format,
         )
+
+
+_PLAIN_ROLES = frozenset({"user", "system", "assistant"})
+
+
+def plain_wire(conversation: Any) -> list[dict[str, Any]] | None:
+    """The conversation's wire form when every message is a plain ``{"role", "content"}`` text
+    dict (the common case), else None. These are exactly the messages whose validation and
+    conversion give them back unchanged, so the pydantic round trip is skipped for them."""
+    if not isinstance(conversation, list | tuple) or not conversation:
+        return None
+    for m in conversation:
+        if (
+            type(m) is not dict
+            or len(m) != 2
+            or m.get("role") not in _PLAIN_ROLES
+            or type(m.get("content")) is not str
+        ):
+            return None
+    return [{"role": m["role"], "content": m["content"]} for m in conversation]
 
 
 def _tool_prompt_format(value: ToolPromptFormat | str | None) -> ToolPromptFormat | None:

@@ -15,12 +15,11 @@ output files look the same whichever provider wrote them; log-probabilities belo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.decode import LOGPROB_FLOOR
+from .._core.decode import LOGPROB_FLOOR, number
 from ..errors import ErrorCode
 
 # Fields of the body that change nothing the engine does, accepted as they are.
@@ -304,16 +303,23 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
 # ---------------------------------------------------------------------------- response side
 
 
-def _clamp(value: float) -> float:
-    return value if math.isfinite(value) and value > LOGPROB_FLOOR else LOGPROB_FLOOR
+def _clamp(value: Any) -> float:
+    """A finite log-probability of at least -9999.0; None, NaN and -inf become the floor."""
+    v = number(value)
+    return v if v is not None and v > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
-def _entry(token: str, logprob: float) -> dict[str, Any]:
+def _entry(token: str, logprob: Any) -> dict[str, Any]:
     return {
         "token": token,
         "logprob": _clamp(logprob),
         "bytes": list(token.encode("utf-8", errors="replace")),
     }
+
+
+def _rank(logprob: Any) -> int:
+    rank = getattr(logprob, "rank", None)
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else 1 << 30
 
 
 def logprobs_content(
@@ -334,16 +340,16 @@ def logprobs_content(
 
         def text(tid: int, lp: Any) -> str:
             decoded = getattr(lp, "decoded_token", None)
-            return decoded if decoded is not None else decode(tid)
+            return decoded if isinstance(decoded, str) else decode(tid)
 
         chosen = step.get(token_id)
         entry = _entry(
             text(token_id, chosen) if chosen is not None else decode(token_id),
-            float(chosen.logprob) if chosen is not None else LOGPROB_FLOOR,
+            getattr(chosen, "logprob", None),
         )
-        ranked = sorted(step.items(), key=lambda item: getattr(item[1], "rank", None) or 1 << 30)
+        ranked = sorted(step.items(), key=lambda item: _rank(item[1]))
         entry["top_logprobs"] = [
-            _entry(text(tid, lp), float(lp.logprob)) for tid, lp in ranked[:top_logprobs]
+            _entry(text(tid, lp), getattr(lp, "logprob", None)) for tid, lp in ranked[:top_logprobs]
         ]
         content.append(entry)
     return content

@@ -16,7 +16,7 @@ from anyio import to_thread
 
 from ..errors import ConfigurationError, JobStateError
 from ..types import FileDeleted, FileObject
-from ._store import Store, now
+from ._store import Store, now, open_private
 
 _CHUNK = 1024 * 1024
 FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
@@ -92,7 +92,7 @@ def _store_file(store: Store, file: FileInput, purpose: str, filename: str) -> F
     digest = hashlib.sha256()
     size = 0
     try:
-        with tmp.open("wb") as out:
+        with open_private(tmp) as out:
             for chunk in _chunks(file):
                 out.write(chunk)
                 digest.update(chunk)

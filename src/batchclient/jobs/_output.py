@@ -25,7 +25,7 @@ from typing import IO, Any
 from .._core.decode import to_response
 from .._core.request import Request, Result
 from ..types import ChatCompletionResponse, FileObject
-from ._store import ResultRow, Store, now
+from ._store import ResultRow, Store, now, open_private
 
 
 def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> Request:
@@ -133,7 +133,7 @@ def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     size = 0
-    with tmp.open("wb") as f:
+    with open_private(tmp) as f:
         size = _copy(lines, f, digest)
         f.flush()
         os.fsync(f.fileno())

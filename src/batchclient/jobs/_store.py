@@ -6,11 +6,18 @@ record, the provider identity that may resume it, and a lease: ``owner`` + ``hea
 ``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding its finished
 output or error line, so writing the files at the end only concatenates text).
 
-WAL with ``synchronous=NORMAL``: a committed result survives the death of the process (SIGKILL
-included), not a power cut; request counts change in the same transaction as the rows they
-count. One connection, used from worker threads under a lock; other processes read through
-their own connections, which WAL allows beside the writer. Guide: ``docs/jobs.md``
-("Durability and resume").
+Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
+process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
+updated in the same transaction as the rows they count, so they can never disagree with them.
+
+One connection, used from worker threads (``anyio.to_thread``) under a lock; other processes
+(``batchclient jobs status`` while a run goes on) read through their own connections, which WAL
+allows alongside the writer.
+
+Privacy: the state holds every prompt and answer, so the directory is created ``0700`` and
+``files/`` is kept ``0700``; the database and every stored file are ``0600`` (SQLite gives its
+``-wal`` and ``-shm`` files the database's mode). A state directory that already exists keeps
+its own mode (it may be a directory the caller chose for other things too).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..errors import FileNotFoundInStoreError, JobNotFoundError
 from ..types import (
@@ -101,10 +108,15 @@ class Store:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.files_dir = state_dir / "files"
-        self.files_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.files_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.files_dir, 0o700)
+        db_path = state_dir / DB_NAME
+        os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT, 0o600))  # before SQLite creates it
+        os.chmod(db_path, 0o600)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(
-            state_dir / DB_NAME, check_same_thread=False, isolation_level=None, timeout=30
+            db_path, check_same_thread=False, isolation_level=None, timeout=30
         )
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -410,6 +422,13 @@ def _result(row: sqlite3.Row) -> ResultRow:
         output_tokens=row["output_tokens"],
         line=row["line"],
     )
+
+
+def open_private(path: Path) -> IO[bytes]:
+    """``path`` opened for writing (``"wb"``), readable by its owner only (0600)."""
+    f = open(path, "wb", opener=lambda p, flags: os.open(p, flags, 0o600))  # noqa: SIM115
+    os.fchmod(f.fileno(), 0o600)  # a file that already existed keeps its mode otherwise
+    return f
 
 
 def default_state_dir() -> Path:

@@ -8,9 +8,38 @@ never the server's ``Retry-After`` (inspect_ai #5137: extending it with every hi
 limit). A throttle without ``Retry-After`` also caps the limit at what the server held, a
 ceiling that growth probes one step per cool-down.
 
-The controller is a plain object with an injectable clock, so its rules are tested without
-sleeping; the lane in :mod:`._endpoints` applies its integer ``limit``. The rules, their
-sources and measured effect: ``docs/remote.md`` ("Adaptive concurrency").
+- **Start** at ``initial`` and *slow-start*: each success that finds the limit in use adds 1
+  (the limit doubles per round trip) until the first throttle. Source: inspect_ai adaptive
+  connections (PR #3820: "doubles aggressively during slow-start until the first rate-limit
+  episode"), TCP slow start.
+- **Grow** after that by ``max(1, increase_ratio * limit)`` per round trip (spread over the
+  successes of one round: each adds that divided by the limit). inspect_ai: +5 % per round;
+  promptfoo grows x1.5 after 5 successes, which overshoots more. Only successes of requests sent
+  *after* the last throttle count (a success that was already in flight says nothing about the
+  new limit), and only while the limit is actually used (no growth while the batch is smaller
+  than the limit).
+- **Cut** on a throttle (HTTP 429, 503, 529) to ``limit * decrease_factor`` (inspect_ai: x0.8;
+  promptfoo x0.5; mlflow AIMD on rate), at most once per ``cooldown_s`` and only for requests
+  sent after the previous cut (the other answers of the same burst report the same overload).
+  The cool-down is our own constant and never the server's ``Retry-After``: inspect_ai #5137 /
+  PR #5138 froze its controller by extending the cool-down with each ``Retry-After``, so a
+  steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
+  limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
+  and it grows back as soon as requests succeed.
+- **Capacity ceiling**: an isolated throttle (with or without ``Retry-After``) also tells how
+  many requests the server held: those sent before the refused one and still unanswered
+  (``_endpoints``). The limit never stays above that (else the
+  slot of a request refused in a millisecond is refilled at once and refused again: one above
+  capacity became hundreds of 429s per second until the next cut), and it becomes a ceiling
+  that growth crosses one step per cool-down (a probe, like TCP CUBIC's plateau near its last
+  maximum). A refused probe only caps the limit again (no multiplicative cut); two probes that
+  hold mean the server grew, and the ceiling is forgotten. An endpoint-wide throttle (most
+  answers refused) is a rate limit: the endpoint is paused (``_endpoints``) and the ceiling
+  dropped.
+- **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
+
+The controller is a plain object with an injectable clock so its rules are tested without
+sleeping; the lane in :mod:`._endpoints` applies its integer ``limit``.
 """
 
 from __future__ import annotations
@@ -101,9 +130,9 @@ class AdaptiveLimit:
         """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
         limit was cut multiplicatively (at most once per cool-down).
 
-        ``in_flight_beside``: the other requests in flight when the answer came (None for a
-        throttle with ``Retry-After``, which pauses the endpoint instead). It is the capacity
-        the server just showed: the limit never stays above it, and it becomes the ceiling
+        ``in_flight_beside``: the requests the server was holding when it refused this one
+        (None for an endpoint-wide throttle, a rate limit rather than a capacity). It is the
+        capacity the server just showed: the limit never stays above it, and it becomes the ceiling
         that growth probes one step per cool-down. A throttle of a probe above that ceiling
         only caps the limit again; any other throttle cuts it by ``decrease_factor`` once per
         cool-down. Answers of requests sent before the last change are ignored (one burst,

@@ -1,36 +1,34 @@
 """``RemoteProvider``: fan-out to one or more OpenAI-compatible endpoints, and
 ``RemoteBatchInference``, the client over it.
 
-One ``POST {base_url}/chat/completions`` per conversation. Each attempt takes a slot on the
-least-loaded usable (replica, model) lane (:mod:`._endpoints`), whose limit adapts to
-throttling (:mod:`._adaptive`), waits for the replica's rpm/tpm buckets (:mod:`._rates`), and is
-sent over a keep-alive HTTP/1.1 pool (:mod:`._http`); failures are retried by the policy in
-:mod:`._retry`. The per-request timeout starts when the request is sent, after every queue.
+One ``POST {base_url}{path}`` per request, the path from the request's endpoint
+(``/chat/completions`` for chat). Each attempt takes a slot on the least-loaded usable (replica,
+model) lane (:mod:`._endpoints`), whose limit adapts to throttling (:mod:`._adaptive`), waits for
+the replica's rpm/tpm buckets (:mod:`._rates`) and its announced quota (:mod:`._quota`), and is
+sent over the replica's aiohttp session (:mod:`._transport`); failures are retried by the policy
+in :mod:`._retry`. The per-request timeout starts when the request is sent, after every queue.
 ``docs/remote.md`` explains every knob and algorithm.
 """
 
 from __future__ import annotations
 
 import os
-import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from .._core.client import BatchClient
-from .._core.decode import http_error
+from .._core.decode import http_error, load_json
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
-from ._adaptive import AdaptiveSettings
 from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
-from ._http import HttpError, HttpTimeout, Pool
-from ._rates import RateBuckets
 from ._retry import (
     EJECTING_STATUS,
     RETRYABLE_STATUS,
@@ -39,18 +37,32 @@ from ._retry import (
     RetryWait,
     parse_retry_after,
 )
-from ._settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy, Timeouts
+from ._settings import (
+    AdaptiveConcurrency,
+    Ejection,
+    HttpOptions,
+    RateLimits,
+    RetryPolicy,
+    Timeouts,
+)
+from ._setup import Verify, build_dispatcher, check_settings
 from ._structured import VllmProbe
+from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
+from ._urls import Redactor
 
 __all__ = ["RemoteBatchInference", "RemoteEndpoint", "RemoteProvider"]
+
+# Answers larger than this are parsed in a worker thread, so the event loop keeps serving the
+# other requests meanwhile (orjson reads about 1 GB/s: 4 MiB is a few milliseconds).
+_THREAD_PARSE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
 class RemoteEndpoint:
     """One replica with its own limits; a plain URL string in ``base_url`` means "the client's
-    defaults". ``url`` is the API root ending in ``/v1``; ``max_concurrency`` (requests in
-    flight per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override
-    the client's values for this endpoint; None keeps them."""
+    defaults". ``url`` is the API root (``.../v1``); ``max_concurrency`` (requests in flight
+    per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override the
+    client's values for this endpoint; None keeps them."""
 
     url: str
     max_concurrency: int | None = None
@@ -59,18 +71,21 @@ class RemoteEndpoint:
 
 
 BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
-"""One API root ending in ``/v1``, or a list of replicas serving the same models."""
+"""One API root (``.../v1``), or a list of replicas serving the same models."""
 
 
 class RemoteBatchInference(BatchClient):
-    """Batch inference against OpenAI-compatible ``/v1/chat/completions`` endpoints (vLLM
-    servers, OpenAI, llama.cpp servers, ...). Use as ``async with``.
+    """Batch inference against OpenAI-compatible endpoints (vLLM servers, OpenAI, Azure
+    OpenAI, llama.cpp servers, ...). Use as ``async with``.
 
     Args:
-        base_url: the API root ending in ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``), or a list
-            of replicas serving the same models (URLs or :class:`RemoteEndpoint`). Each request
-            goes to the least-loaded healthy one.
-        api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
+        base_url: the API root (e.g. ``http://127.0.0.1:8000/v1``), or a list of replicas
+            serving the same models (URLs or :class:`RemoteEndpoint`); each request goes to the
+            least-loaded healthy one. A query string in it (Azure OpenAI's
+            ``?api-version=...``) is sent on every path; ``user:password@`` becomes Basic auth
+            and is never stored or shown.
+        api_key: sent as ``Authorization: Bearer <api_key>`` (surrounding whitespace
+            stripped); None sends no header.
         max_concurrency: the most requests in flight per endpoint and model (default 64).
         max_retries: retries after the first attempt for transient failures (connection
             errors, timeouts, 408/409/429/5xx; default 4). 400/401/403/404/422 are never retried.
@@ -78,7 +93,20 @@ class RemoteBatchInference(BatchClient):
             was queued); default 600.
         rpm, tpm: requests / tokens per minute per endpoint (default None: no limit); shared by
             every call and batch on this client. Token costs are estimated before sending and
-            settled with the real ``usage``.
+            settled with the real ``usage``. Quotas a server announces in ``x-ratelimit-*``
+            headers are followed without them.
+        headers: extra HTTP headers for every request (checked: a CR/LF or non-latin-1 value is
+            a ``ConfigurationError`` naming the header).
+        default_query: query parameters added to every request (e.g.
+            ``{"api-version": "2024-10-21"}``); they override the base URL's own.
+        proxy: an ``http://`` or ``https://`` proxy for every endpoint (``user:password@`` in it
+            is sent as ``Proxy-Authorization``). Default None: with ``trust_env``, the
+            environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY``, honouring
+            ``NO_PROXY``.
+        trust_env: read proxies from the environment (default True).
+        verify: TLS certificate verification for ``https://``: True (the system's CAs, default),
+            a CA bundle file or directory (e.g. a private CA's ``ca.pem``), an
+            ``ssl.SSLContext``, or False (no verification: only for testing).
         adaptive: an :class:`AdaptiveConcurrency` (True, the default: its defaults) to adapt the
             in-flight limit to throttling; False for a fixed limit of ``max_concurrency``.
         retry: backoff and ``Retry-After`` handling (:class:`RetryPolicy`).
@@ -86,17 +114,16 @@ class RemoteBatchInference(BatchClient):
             (:class:`RateLimits`).
         ejection: when a failing replica is taken out, and for how long (:class:`Ejection`).
         timeouts: connect and model-listing timeouts (:class:`Timeouts`).
-        headers: extra HTTP headers for every request.
-        ssl_context: TLS settings for ``https://`` endpoints (default: the system's CAs).
+        http: client certificate, answer size cap, keep-alive expiry (:class:`HttpOptions`).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
         state_dir: where files, batches and results are kept (default
-            ``$BATCHCLIENT_STATE_DIR`` or the user data directory); batches there resume with a
-            client on the same ``base_url``.
+            ``$BATCHCLIENT_STATE_DIR`` or the user data directory; created 0700); batches there
+            resume with a client on the same ``base_url``.
 
     Raises:
         ConfigurationError: a bad argument (e.g. ``AdaptiveConcurrency(minimum=...)`` above
-            ``max_concurrency``).
+            ``max_concurrency``, a header with a CR/LF, a SOCKS proxy, a missing CA file).
     """
 
     provider: RemoteProvider
@@ -111,13 +138,17 @@ class RemoteBatchInference(BatchClient):
         timeout: float = 600.0,
         rpm: float | None = None,
         tpm: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        default_query: Mapping[str, str] | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
+        verify: Verify = True,
         adaptive: AdaptiveConcurrency | bool = True,
         retry: RetryPolicy = RetryPolicy(),
         rate_limits: RateLimits = RateLimits(),
         ejection: Ejection = Ejection(),
         timeouts: Timeouts = Timeouts(),
-        headers: dict[str, str] | None = None,
-        ssl_context: ssl.SSLContext | None = None,
+        http: HttpOptions = HttpOptions(),
         check_model: bool = True,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -129,20 +160,24 @@ class RemoteBatchInference(BatchClient):
             timeout=timeout,
             rpm=rpm,
             tpm=tpm,
+            headers=headers,
+            default_query=default_query,
+            proxy=proxy,
+            trust_env=trust_env,
+            verify=verify,
             adaptive=adaptive,
             retry=retry,
             rate_limits=rate_limits,
             ejection=ejection,
             timeouts=timeouts,
-            headers=headers,
-            ssl_context=ssl_context,
+            http=http,
             check_model=check_model,
         )
         super().__init__(provider, state_dir=state_dir)
 
     @property
     def base_url(self) -> str:
-        """The first endpoint's API root (without a trailing slash)."""
+        """The first endpoint's API root as shown (no trailing slash, userinfo or query)."""
         return self.provider.base_url
 
     def endpoint_stats(self) -> list[LaneStats]:
@@ -166,95 +201,71 @@ class RemoteProvider(Provider):
         timeout: float = 600.0,
         rpm: float | None = None,
         tpm: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        default_query: Mapping[str, str] | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
+        verify: Verify = True,
         adaptive: AdaptiveConcurrency | bool = True,
         retry: RetryPolicy = RetryPolicy(),
         rate_limits: RateLimits = RateLimits(),
         ejection: Ejection = Ejection(),
         timeouts: Timeouts = Timeouts(),
-        headers: dict[str, str] | None = None,
-        ssl_context: ssl.SSLContext | None = None,
+        http: HttpOptions = HttpOptions(),
         check_model: bool = True,
     ) -> None:
-        if max_concurrency < 1:
-            raise ConfigurationError("max_concurrency must be >= 1")
-        if max_retries < 0:
-            raise ConfigurationError("max_retries must be >= 0")
-        if timeout <= 0:
-            raise ConfigurationError("timeout must be > 0 seconds")
-        if ejection.after < 1 or ejection.duration_s < 0:
-            raise ConfigurationError("Ejection needs after >= 1 and duration_s >= 0")
-        for name, value in (("rpm", rpm), ("tpm", tpm), ("period_s", rate_limits.period_s)):
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"{name} must be > 0")
+        check_settings(max_concurrency, max_retries, timeout, rpm, tpm, rate_limits, ejection)
         urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
         if not urls:
             raise ConfigurationError("base_url: give at least one endpoint")
         self.endpoints_given = [
             u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls
         ]
-        self.base_url = self.endpoints_given[0].url.rstrip("/")
         self.max_concurrency = max_concurrency
         self.max_retries = max_retries
         self.timeout = timeout
-        self._rpm, self._tpm = rpm, tpm
         self.adaptive = adaptive is not False
-        self._adaptive = (
-            adaptive if isinstance(adaptive, AdaptiveConcurrency) else AdaptiveConcurrency()
-        )
         self.retry = retry
         self.rate_limits = rate_limits
         self.ejection = ejection
         self.timeouts = timeouts
         self._wait = RetryWait(initial_s=retry.backoff_initial_s, max_s=retry.backoff_max_s)
-        self._headers = {"Content-Type": "application/json", **(headers or {})}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._ssl_context = ssl_context
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
         self._vllm_probe = VllmProbe(timeouts.list_models_s)
-        self._dispatcher = self._build_dispatcher()  # validates the settings now
 
-    def _build_dispatcher(self) -> Dispatcher:
-        built = []
-        adaptive = self._adaptive
-        for spec in self.endpoints_given:
-            maximum = spec.max_concurrency or self.max_concurrency
-            initial = adaptive.initial
-            try:
-                settings = AdaptiveSettings(
-                    initial=min(16 if initial is None else initial, maximum),
-                    minimum=min(adaptive.minimum, maximum),
-                    maximum=maximum,
-                    increase_ratio=adaptive.increase_ratio,
-                    decrease_factor=adaptive.decrease_factor,
-                    cooldown_s=adaptive.cooldown_s,
-                )
-                pool = Pool(
-                    spec.url,
-                    self._headers,
-                    connect_timeout=self.timeouts.connect_s,
-                    ssl_context=self._ssl_context,
-                )
-            except ValueError as exc:
-                raise ConfigurationError(f"{spec.url}: {exc}") from None
-            rates = RateBuckets(
-                spec.rpm or self._rpm,
-                spec.tpm or self._tpm,
-                period_s=self.rate_limits.period_s,
-                initial_output_tokens=self.rate_limits.initial_output_tokens,
+        def build() -> Dispatcher:
+            return build_dispatcher(
+                self.endpoints_given,
+                api_key=api_key,
+                max_concurrency=max_concurrency,
+                rpm=rpm,
+                tpm=tpm,
+                headers=headers,
+                default_query=default_query,
+                proxy=proxy,
+                trust_env=trust_env,
+                verify=verify,
+                adaptive=adaptive,
+                rate_limits=rate_limits,
+                ejection=ejection,
+                timeouts=timeouts,
+                http=http,
+                retry_after_cap_s=retry.retry_after_cap_s,
             )
-            built.append(Replica(spec.url.rstrip("/"), pool, rates, settings, self.adaptive))
-        return Dispatcher(built, eject_after=self.ejection.after, eject_s=self.ejection.duration_s)
+
+        self._build = build
+        self._dispatcher = build()  # checks every setting now, before any connection
+        self.base_url = self._dispatcher.endpoints[0].base_url
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._dispatcher.close()
-        self._dispatcher = self._build_dispatcher()
+        await self._dispatcher.close()
+        self._dispatcher = self._build()
 
     async def stop(self) -> None:
-        self._dispatcher.close()
+        await self._dispatcher.close()
 
     def window(self) -> int:
         return sum(ep.settings.maximum for ep in self._dispatcher.endpoints)
@@ -288,11 +299,9 @@ class RemoteProvider(Provider):
         """The models of the first endpoint that answers ``GET /models``, else None."""
         for ep in self._dispatcher.endpoints:
             try:
-                resp = await ep.pool.request(
-                    "GET", f"{ep.path}/models", timeout=self.timeouts.list_models_s
-                )
-                data = orjson.loads(resp.body) if resp.status == 200 else None
-            except (HttpError, HttpTimeout, ValueError):
+                resp = await ep.pool.request("GET", "/models", timeout=self.timeouts.list_models_s)
+                data = load_json(resp.body) if resp.status == 200 else None
+            except (HttpError, HttpTimeout, ResponseTooLarge, ValueError):
                 continue
             entries = data.get("data") if isinstance(data, dict) else None
             if isinstance(entries, list):
@@ -314,21 +323,22 @@ class RemoteProvider(Provider):
             refused = await self._vllm_probe.grammar_refusal(self._dispatcher.endpoints)
             if refused is not None:
                 return refused
-        result = await self._send(body)
+        # the endpoint's path below the API root: "/v1/chat/completions" -> "/chat/completions"
+        result = await self._send(request.endpoint.value.removeprefix("/v1"), body)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
         return result
 
-    async def _send(self, body: dict[str, Any]) -> Result:
+    async def _send(self, path: str, body: dict[str, Any]) -> Result:
         model = str(body.get("model"))
         data = orjson.dumps(body)
         try:  # the fast path: one attempt, no retry machinery
-            return await self._attempt(model, body, data, None)
+            return await self._attempt(model, path, body, data, None)
         except RetryableFailure as first:
-            return await self._retry(model, body, data, first)
+            return await self._retry(model, path, body, data, first)
 
     async def _retry(
-        self, model: str, body: dict[str, Any], data: bytes, first: RetryableFailure
+        self, model: str, path: str, body: dict[str, Any], data: bytes, first: RetryableFailure
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
@@ -347,7 +357,7 @@ class RemoteProvider(Provider):
                         raise replay.pop()
                     attempts += 1
                     try:
-                        result = await self._attempt(model, body, data, avoid, told_when)
+                        result = await self._attempt(model, path, body, data, avoid, told_when)
                     except RetryableFailure as again:
                         avoid = again.endpoint or avoid
                         told_when = _told_when(again)
@@ -362,6 +372,7 @@ class RemoteProvider(Provider):
     async def _attempt(
         self,
         model: str,
+        path: str,
         body: dict[str, Any],
         data: bytes,
         avoid: Replica | None,
@@ -379,18 +390,19 @@ class RemoteProvider(Provider):
                     result, min(exc.wait_s, self.retry.retry_after_cap_s)
                 ) from None
         ep = lane.endpoint
+        marks = None
         try:
             rates = ep.rates
-            cost = 0.0
+            # always estimated: a token quota may be announced by any answer, and the requests
+            # already on their way must count against it then
+            cost = rates.estimate(body)
             if rates.active:
-                cost = rates.estimate(body)
                 await rates.acquire(cost)  # before the clock starts: queueing is not sending
-            lane.sent += 1
+            marks = ep.quota.on_send(cost)
             sent_at = time.monotonic()
+            token = lane.sending(sent_at)
             try:
-                resp = await ep.pool.request(
-                    "POST", ep.path + "/chat/completions", data, timeout=self.timeout
-                )
+                resp = await ep.pool.request("POST", path, data, timeout=self.timeout)
             except HttpTimeout:
                 dispatcher.on_failure(lane, "timeout", connection=False)
                 msg = f"no answer within {self.timeout:g} s of sending"
@@ -399,45 +411,64 @@ class RemoteProvider(Provider):
                 dispatcher.on_failure(lane, str(exc), connection=True)
                 result = failed(ErrorCode.connection_error, f"{ep.base_url}: {exc}")
                 raise RetryableFailure(result, endpoint=ep) from None
-            return self._outcome(lane, resp.status, resp.headers, resp.body, sent_at, cost)
+            except ResponseTooLarge as exc:  # the same answer again on a retry: not retried
+                return failed(ErrorCode.response_too_large, f"{ep.base_url}: {exc}")
+            parsed: Any = None
+            if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
+                parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
+            return self._outcome(lane, resp, sent_at, cost, marks, parsed)
         finally:
+            if marks is not None:
+                lane.landed(token)
+            if marks is None:  # given back unsent (cancelled while waiting for the buckets)
+                ep.quota.unreserve()
             dispatcher.release(lane)
 
     def _outcome(
         self,
         lane: Lane,
-        status: int,
-        headers: dict[str, str],
-        raw: bytes,
+        resp: HttpResponse,
         sent_at: float,
         cost: float,
+        marks: tuple[float, float],
+        parsed: Any,
     ) -> Result:
-        latency = time.monotonic() - sent_at
+        now = time.monotonic()
+        status, headers, raw = resp.status, resp.headers, resp.body
+        ep = lane.endpoint
+        quota_zero = ep.quota.observe(headers, marks, now) if _has_quota(headers) else False
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
         if 200 <= status < 300:
-            result = _parse_success(status, raw)
+            result = _parse_success(status, raw, parsed, ep.pool.redactor)
             if result.error is None:
                 dispatcher.on_success(lane, sent_at)
-                rates = lane.endpoint.rates
+                rates = ep.rates
                 if rates.active or result.body:
                     rates.settle(cost, (result.body or {}).get("usage"))
-            result.latency_s = latency
+            result.latency_s = now - sent_at
             result.request_id = request_id
             return result
-        result = http_error(status, raw)
-        result.latency_s = latency
+        result = http_error(status, ep.pool.redactor.raw(raw))
+        result.latency_s = now - sent_at
         result.request_id = request_id
         if status in THROTTLE_STATUS:
-            wait = parse_retry_after(headers.get("retry-after"), cap_s=self.retry.retry_after_cap_s)
-            dispatcher.on_throttle(lane, sent_at, wait)
+            cap = self.retry.retry_after_cap_s
+            wait = parse_retry_after(headers.get("retry-after"), cap_s=cap)
+            if wait is None and quota_zero and ep.quota.reset_in(now) is not None:
+                wait = min(cap, ep.quota.reset_in(now) or 0.0)
+            dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
             raise RetryableFailure(result, wait)
         if status in EJECTING_STATUS:
             dispatcher.on_failure(lane, f"HTTP {status}", connection=False)
-            raise RetryableFailure(result, endpoint=lane.endpoint)
+            raise RetryableFailure(result, endpoint=ep)
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
+
+
+def _has_quota(headers: Mapping[str, str]) -> bool:
+    return "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers
 
 
 def _told_when(failure: RetryableFailure) -> bool:
@@ -445,22 +476,33 @@ def _told_when(failure: RetryableFailure) -> bool:
     return failure.retry_after_s is not None and failure.result.status_code in THROTTLE_STATUS
 
 
-def _parse_success(status: int, raw: bytes) -> Result:
-    """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` (never an empty
-    success: vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm #13139)."""
+class _NotJson(Exception):
+    pass
+
+
+def _parse_json(raw: bytes | bytearray) -> Any:
     try:
-        body = orjson.loads(raw)
+        return load_json(raw)
     except ValueError:
-        return _bad_upstream(status, f"answer is not JSON: {raw[:200]!r}")
+        return _NotJson()
+
+
+def _parse_success(status: int, raw: bytes | bytearray, parsed: Any, redactor: Redactor) -> Result:
+    """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` with an excerpt
+    (never an empty success: vllm PR #44255; a 200 without ``choices`` raised KeyError in
+    litellm #13139)."""
+    body = _parse_json(raw) if parsed is None else parsed
+    if isinstance(body, _NotJson):
+        return _bad_upstream(status, f"answer is not JSON: {redactor.excerpt(raw)}")
     if not isinstance(body, dict):
-        return _bad_upstream(status, f"answer is not a JSON object: {raw[:200]!r}")
+        return _bad_upstream(status, f"answer is not a JSON object: {redactor.excerpt(raw)}")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         upstream = body.get("error")
-        detail = (upstream.get("message") if isinstance(upstream, dict) else upstream) or raw[
-            :200
-        ].decode("utf-8", "replace")
-        return _bad_upstream(status, f"answer without choices: {detail}")
+        detail = upstream.get("message") if isinstance(upstream, dict) else upstream
+        if not isinstance(detail, str) or not detail:
+            detail = redactor.excerpt(raw)
+        return _bad_upstream(status, f"answer without choices: {redactor.text(detail)}")
     return Result(status_code=status, body=body)
 
 

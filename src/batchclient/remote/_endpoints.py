@@ -3,28 +3,46 @@
 - A **lane** is one (endpoint, model): its own adaptive concurrency limit and counters (limits
   are per endpoint and model, not per API key: inspect_ai PR #3984).
 - An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
-  pause, shared by its lanes.
-- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model, or
-  queues it (first come, first served per model) until a slot frees up, a pause ends or an
-  ejected endpoint returns. It applies the pauses (inspect_ai #5137; a request that already
-  waited its own ``Retry-After`` is not held by later ones) and the ejections (``Ejection``).
-
-The rules step by step: ``docs/remote.md`` ("What happens to one request", "Retry-After and
-pauses", "Many endpoints").
+  pause. All lanes of an endpoint share its pause and its health.
+- The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
+  (fewest in flight relative to its limit; only endpoints with rpm/tpm room while any has some;
+  the endpoint of the previous failed attempt last). With no free slot the attempt queues
+  (first come, first served per model) and is handed a slot directly when one frees up, a pause
+  ends or an ejected endpoint returns.
+- **Throttles**: a 429/503/529 holds the request that got it until its ``Retry-After`` (the
+  caller's retry waits it); the other requests go on. The endpoint as a whole is paused only when
+  the throttling is endpoint-wide: most of its recent answers (as many as it has in flight, at
+  least 4) were throttles, and the server said until when. When the pause ends, each lane
+  restarts at half its limit and regains one slot per success (a gradual restart, not a burst).
+  A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
+  (it does what the server asked) and is served before new requests. (Pausing the endpoint for
+  every ``Retry-After``, as inspect_ai #5137 proposed, drove a concurrency-limited server at a
+  third of its capacity: each excess request stopped the others, which were succeeding.)
+- **Announced quota**: an endpoint whose answers carry ``x-ratelimit-*`` headers is held, for
+  every request, while the quota they announce has no room, until their reset time
+  (:mod:`._quota`).
+- **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
+  52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
+  more failure ejects it again. If every endpoint is out, attempts fail fast with
+  :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
+  A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
+  may.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from ._adaptive import AdaptiveLimit, AdaptiveSettings
-from ._http import Pool
+from ._quota import HeaderQuota
 from ._rates import RateBuckets
+from ._transport import Transport
 
 __all__ = ["Dispatcher", "EndpointUnavailable", "Lane", "LaneStats", "Replica"]
 
@@ -68,6 +86,22 @@ class Lane:
     succeeded: int = 0
     throttled: int = 0
     failed: int = 0
+    flying: dict[int, float] = field(default_factory=dict)  # sent, unanswered: send times
+
+    def sending(self, sent_at: float) -> int:
+        """Register a request sent at ``sent_at``; returns its token for :meth:`landed`."""
+        self.sent += 1
+        token = self.sent
+        self.flying[token] = sent_at
+        return token
+
+    def landed(self, token: int) -> None:
+        self.flying.pop(token, None)
+
+    def held_before(self, sent_at: float) -> int:
+        """Requests still unanswered that were sent before ``sent_at``: what the server was
+        holding when a request sent then arrived (newer ones arrived after it)."""
+        return sum(1 for t in self.flying.values() if t < sent_at)
 
     def free(self) -> int:
         limit = self.control.limit
@@ -78,25 +112,25 @@ class Lane:
 
 @dataclass(eq=False)
 class Replica:
-    """One replica. ``base_url`` ends in ``/v1``."""
+    """One replica. ``base_url`` is its URL as shown (no userinfo, no query)."""
 
     base_url: str
-    pool: Pool
+    pool: Transport
     rates: RateBuckets
     settings: AdaptiveSettings
     adaptive: bool
-    path: str = ""
     lanes: dict[str, Lane] = field(default_factory=dict)
-    paused_until: float = 0.0
+    quota: HeaderQuota = field(default_factory=HeaderQuota)
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=512))  # True: throttled
+    paused_until: float = 0.0  # endpoint-wide throttle (requests told Retry-After pass)
+    held_until: float = 0.0  # announced quota without room (holds every request)
     failures: int = 0  # consecutive
     ejected_until: float = 0.0
     ejections: int = 0
     last_error: str = ""
 
-    def __post_init__(self) -> None:
-        from urllib.parse import urlsplit
-
-        self.path = urlsplit(self.base_url).path.rstrip("/")
+    def in_flight(self) -> int:
+        return sum(lane.in_use for lane in self.lanes.values())
 
     def lane(self, model: str) -> Lane:
         lane = self.lanes.get(model)
@@ -128,14 +162,20 @@ class Dispatcher:
         now = time.monotonic()
         if len(self.endpoints) == 1:  # the common case, kept cheap
             ep = self.endpoints[0]
-            if ep.ejected_until > now or (ep.paused_until > now and not past_pause):
+            if (
+                ep.ejected_until > now
+                or (ep.paused_until > now and not past_pause)
+                or (ep.quota.active and self._held(ep, now))
+            ):
                 return None
             lane = ep.lane(model)
             return lane if lane.free() > 0 else None
         usable = [
             ep
             for ep in self.endpoints
-            if ep.ejected_until <= now and (ep.paused_until <= now or past_pause)
+            if ep.ejected_until <= now
+            and (ep.paused_until <= now or past_pause)
+            and not (ep.quota.active and self._held(ep, now))
         ]
         with_room = [ep for ep in usable if not ep.rates.active or ep.rates.has_capacity(0.0)]
         best: Lane | None = None
@@ -149,6 +189,19 @@ class Dispatcher:
                 best, best_score = lane, score
         return best
 
+    def _held(self, ep: Replica, now: float) -> bool:
+        """Whether the endpoint's announced quota has no room now (then it is held until the
+        quota's reset, or until the next answer reports it when the reset is unknown)."""
+        if ep.held_until > now:
+            return True
+        until = ep.quota.hold_until(now, ep.in_flight())
+        if until is None:
+            return False
+        if until != math.inf:
+            ep.held_until = until
+            asyncio.get_running_loop().call_later(until - now, self._grant_all)
+        return True
+
     def try_acquire(
         self, model: str, avoid: Replica | None = None, past_pause: bool = False
     ) -> Lane | None:
@@ -159,6 +212,8 @@ class Dispatcher:
         lane = self._pick(model, avoid, past_pause)
         if lane is not None:
             lane.in_use += 1
+            if lane.endpoint.quota.active:
+                lane.endpoint.quota.reserve()
         return lane
 
     async def acquire(
@@ -219,6 +274,8 @@ class Dispatcher:
                     break
                 queue.popleft()
                 lane.in_use += 1
+                if lane.endpoint.quota.active:
+                    lane.endpoint.quota.reserve()
                 fut.set_result(lane)
 
     def _grant_all(self) -> None:
@@ -233,6 +290,7 @@ class Dispatcher:
     def on_success(self, lane: Lane, sent_at: float) -> None:
         ep = lane.endpoint
         ep.failures = 0
+        ep.recent.append(False)
         lane.succeeded += 1
         saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
         lane.control.on_success(sent_at, saturated)
@@ -241,13 +299,36 @@ class Dispatcher:
             if lane.ramp >= lane.control.limit:
                 lane.ramp = math.inf
 
-    def on_throttle(self, lane: Lane, sent_at: float, retry_after_s: float | None) -> None:
+    def on_throttle(
+        self, lane: Lane, sent_at: float, retry_after_s: float | None, *, quota_zero: bool = False
+    ) -> None:
+        """A 429/503/529 answer. ``quota_zero``: its quota headers say the quota is used up
+        (the quota hold paces that; the concurrency limit is left alone). Otherwise an
+        endpoint-wide throttle (see :meth:`endpoint_wide`) cuts the limit as a rate limit and
+        pauses the endpoint for ``retry_after_s``; an isolated one shows the server's capacity
+        to the limit: the requests sent before it and still unanswered, which the server was
+        holding when it refused this one."""
         lane.throttled += 1
-        if retry_after_s is not None and retry_after_s > 0:
+        ep = lane.endpoint
+        ep.recent.append(True)
+        if quota_zero:
+            return
+        if self.endpoint_wide(ep):
             lane.control.on_throttle(sent_at)
-            self.pause(lane.endpoint, time.monotonic() + retry_after_s)
+            if retry_after_s is not None and retry_after_s > 0:
+                self.pause(ep, time.monotonic() + retry_after_s)
         else:
-            lane.control.on_throttle(sent_at, in_flight_beside=lane.in_use - 1)
+            held = lane.held_before(sent_at) if lane.flying else lane.in_use - 1
+            lane.control.on_throttle(sent_at, in_flight_beside=held)
+
+    @staticmethod
+    def endpoint_wide(ep: Replica) -> bool:
+        """Whether most of the endpoint's recent answers were throttles: of the last ``k``
+        (``k`` = its requests in flight, at least 4), at least 4 and more than half."""
+        recent = ep.recent
+        k = min(len(recent), max(4, ep.in_flight()))
+        throttled = sum(itertools.islice(reversed(recent), k))
+        return throttled >= 4 and 2 * throttled > k
 
     def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
         """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
@@ -262,6 +343,8 @@ class Dispatcher:
             self.eject(ep)
 
     def pause(self, ep: Replica, until: float) -> None:
+        """Stop new dispatches to ``ep`` until ``until`` (monotonic time), then restart it
+        gradually."""
         if until <= ep.paused_until:
             return
         ep.paused_until = until
@@ -307,7 +390,7 @@ class Dispatcher:
                 failed=lane.failed,
                 cuts=lane.control.cuts,
                 ejected=ep.ejected_until > now,
-                paused_s=max(0.0, ep.paused_until - now),
+                paused_s=max(0.0, ep.paused_until - now, ep.held_until - now),
                 output_tokens_estimate=ep.rates.output_tokens_estimate,
             )
             for ep in self.endpoints
@@ -327,6 +410,7 @@ class Dispatcher:
                 total += AdaptiveLimit(ep.settings, ep.adaptive).limit
         return total
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Close every endpoint's connections."""
         for ep in self.endpoints:
-            ep.pool.close()
+            await ep.pool.close()

@@ -1,11 +1,14 @@
 """The retry policy of the remote provider (tenacity): what is retried, and how long to wait.
 
 - Retried: connection errors, timeouts, HTTP 408, 409, 429 and 5xx (the statuses the openai SDK
-  retries). Never retried: every other 4xx, which fails on the first attempt with its status
-  (bespokelabsai/curator #213).
-- Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped) plus up to 10 % jitter;
-  otherwise exponential backoff with jitter (tenacity's ``wait_exponential_jitter``).
-- The first attempt runs outside tenacity (an ``AsyncRetrying`` per request costs about as much
+  retries; OpenAI Batch contract, ``docs/design.md``).
+- Never retried: every other 4xx (400 context too long, 401, 403, 404 model not found, 422):
+  they fail on the first attempt with their status (bespokelabsai/curator #213).
+- Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_cap_s``)
+  plus up to 10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
+  ``wait_exponential_jitter``). Only that request waits; the endpoint is paused as well when
+  the throttling is endpoint-wide (``_endpoints``).
+- The first attempt runs outside tenacity (one ``AsyncRetrying`` per request costs about as much
   as the HTTP call on an instant server); only a request that failed once enters it.
 - A request that runs out of attempts reports its last failure: a 429 stays ``rate_limited``
   with status 429 (BerriAI/litellm #23901 reported such 429s as 500s).
@@ -26,10 +29,10 @@ if TYPE_CHECKING:
     from .._core.request import Result
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
-# Throttles: they cut the adaptive concurrency limit (and pause the endpoint when they carry
-# Retry-After). 429 is a rate limit whatever its body says (openai-cookbook PRs #1050, #1254:
-# checks of the body text that never fired); 503 and 529 are how
-# servers say "overloaded" (vLLM, Anthropic).
+# Throttles: they cap or cut the adaptive concurrency limit (and pause the endpoint when most
+# answers are throttles and they carry Retry-After). 429 is a rate limit whatever its body says
+# (openai-cookbook PRs #1050, #1254: checks of the body text that
+# never fired); 503 and 529 are how servers say "overloaded" (vLLM, Anthropic).
 THROTTLE_STATUS = frozenset({429, 503, 529})
 # Server failures: repeated ones eject the endpoint (its requests go to the other replicas).
 EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})

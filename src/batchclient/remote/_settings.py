@@ -1,15 +1,23 @@
 """The remote provider's settings objects, with every default in one place.
 
 The everyday knobs (``max_concurrency``, ``max_retries``, ``timeout``, ``rpm``, ``tpm``,
-``api_key``, ``state_dir``) are plain keyword arguments of ``RemoteBatchInference``; these group
-the rest. ``docs/remote.md`` explains each algorithm.
+``api_key``, ``headers``, ``default_query``, ``proxy``, ``verify``, ``state_dir``) are plain
+keyword arguments of ``RemoteBatchInference``; these group the rest. ``docs/remote.md``
+explains each algorithm.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AdaptiveConcurrency", "Ejection", "RateLimits", "RetryPolicy", "Timeouts"]
+__all__ = [
+    "AdaptiveConcurrency",
+    "Ejection",
+    "HttpOptions",
+    "RateLimits",
+    "RetryPolicy",
+    "Timeouts",
+]
 
 
 @dataclass(frozen=True)
@@ -73,3 +81,21 @@ class Timeouts:
 
     connect_s: float = 30.0
     list_models_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """The transport's rarer settings.
+
+    ``client_cert``: a client certificate for mutual TLS: a PEM file with the certificate (and
+    its key), or ``(certificate file, key file)``; ``client_key_password`` decrypts the key.
+    ``max_response_bytes``: the largest answer read, decompressed (default 64 MiB); a larger
+    one is that item's ``response_too_large`` error. ``keepalive_expiry_s``: an idle
+    keep-alive connection is closed after this many seconds (default 10; load balancers and
+    NATs commonly drop idle connections after 30-350 s, servers such as uvicorn after 5 s).
+    """
+
+    client_cert: str | tuple[str, str] | None = None
+    client_key_password: str | None = None
+    max_response_bytes: int = 64 << 20
+    keepalive_expiry_s: float = 10.0

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import orjson
 
+from .._core.decode import load_json
 from .._core.request import Result, failed
 from ..errors import ErrorCode
 from ._endpoints import Replica
-from ._http import HttpError, HttpTimeout
+from ._transport import HttpError, HttpTimeout, ResponseTooLarge
 
 
 class VllmProbe:
@@ -41,10 +41,8 @@ class VllmProbe:
             if endpoint.base_url in self._known:
                 return self._known[endpoint.base_url]
             try:
-                resp = await endpoint.pool.request(
-                    "GET", f"{endpoint.path}/models", timeout=self._timeout_s
-                )
-            except (HttpError, HttpTimeout):
+                resp = await endpoint.pool.request("GET", "/models", timeout=self._timeout_s)
+            except (HttpError, HttpTimeout, ResponseTooLarge):
                 return None
             verdict = resp.status == 200 and _owned_by_vllm(resp.body)
             self._known[endpoint.base_url] = verdict
@@ -68,9 +66,9 @@ class VllmProbe:
         )
 
 
-def _owned_by_vllm(raw: bytes) -> bool:
+def _owned_by_vllm(raw: bytes | bytearray) -> bool:
     try:
-        data = orjson.loads(raw)
+        data = load_json(raw)
     except ValueError:
         return False
     entries = data.get("data") if isinstance(data, dict) else None

@@ -3,9 +3,10 @@
 - :func:`vllm_server`, :func:`free_port`: the real vLLM OpenAI server in a child process group,
   started and torn down by a plain context manager.
 - :class:`StubServer`, :class:`Fault`, :class:`StubReply`: an OpenAI-compatible stub server with
-  latency, capacity, ``Retry-After``, 5xx bursts, connection resets and malformed bodies on
-  demand, in a background thread; :class:`StubProcess` runs it as its own process
-  (``python -m batchclient.testing stub --help``).
+  latency, capacity, a quota announced in ``x-ratelimit-*`` headers, ``Retry-After``, 5xx
+  bursts, connection resets and malformed bodies on demand, in a background thread;
+  :class:`StubProcess` runs it as its own process (``python -m batchclient.testing stub
+  --help``).
 - :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
   was sent twice.
 """

@@ -12,6 +12,11 @@ Options (seconds for times):
   --capacity-retry-after V  Retry-After on those 429s: seconds, or ``date:S`` (an HTTP date)
   --burst STATUS:START:DURATION[:RETRY_AFTER]
                             answer STATUS to every request arriving in that window (repeatable)
+  --quota N:PERIOD          at most N requests per PERIOD-second window (a quota gateway: 429
+                            above it), announced in x-ratelimit-* headers
+  --token-quota N:PERIOD    the same for tokens (prompt words + max_tokens)
+  --no-quota-headers        enforce the quotas without announcing them
+  --quota-retry-after       add Retry-After (seconds to the window's end) to the quota's 429s
   --fast                    the lean asyncio responder (latency and capacity only; for the
                             client-headroom benchmark, where aiohttp.web would be the bottleneck)
   --cpu N                   pin the process to CPU core N
@@ -52,6 +57,14 @@ def _burst(spec: str) -> Fault:
     )
 
 
+def _quota(spec: str) -> tuple[int, float]:
+    limit, sep, period = spec.partition(":")
+    try:
+        return int(limit), float(period) if sep else 60.0
+    except ValueError:
+        raise argparse.ArgumentTypeError("--quota is N:PERIOD (requests per seconds)") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batchclient.testing")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -67,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     stub.add_argument("--capacity", type=int, default=None)
     stub.add_argument("--capacity-retry-after", default=None)
     stub.add_argument("--burst", type=_burst, action="append", default=[])
+    stub.add_argument("--quota", type=_quota, default=None)
+    stub.add_argument("--token-quota", type=_quota, default=None)
+    stub.add_argument("--no-quota-headers", action="store_true")
+    stub.add_argument("--quota-retry-after", action="store_true")
     stub.add_argument("--fast", action="store_true")
     stub.add_argument("--cpu", type=int, default=None)
     stub.add_argument("--uvloop", action="store_true")
@@ -90,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     if args.fast:
-        if args.burst or args.jitter:
+        if args.burst or args.jitter or args.quota or args.token_quota:
             raise SystemExit("--fast supports only --latency and --capacity")
         asyncio.run(_run_fast(args, done))
         return
@@ -100,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         capacity=args.capacity,
         capacity_retry_after=args.capacity_retry_after,
         faults=list(args.burst),
+        quota=args.quota,
+        token_quota=args.token_quota,
+        quota_headers=not args.no_quota_headers,
+        quota_retry_after=args.quota_retry_after,
         port=args.port,
     )
     with server:

@@ -1,8 +1,9 @@
 """A fault-injecting OpenAI-compatible stub server on loopback (re-exported by ``testing``).
 
 A real HTTP server (aiohttp.web) so that clients are exercised over real sockets and real
-timing: latency, a capacity above which it answers 429, ``Retry-After`` in seconds or as an HTTP
-date, 5xx bursts, connection resets, malformed bodies and slow bodies. Faults are chosen per
+timing: latency, a capacity above which it answers 429, a per-window quota announced in OpenAI's
+``x-ratelimit-*`` headers (a quota gateway), ``Retry-After`` in seconds or as an HTTP date, 5xx
+bursts, connection resets, malformed bodies and slow bodies. Faults are chosen per
 request by :class:`Fault` rules (matched on the text of the request's messages and the attempt
 number of that exact request) or by a ``handler`` callable for anything else.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import socket
 import struct
@@ -32,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["Fault", "StubReply", "StubServer", "StubStats"]
+__all__ = ["Fault", "Quota", "StubReply", "StubServer", "StubStats", "openai_duration"]
 
 
 @dataclass
@@ -103,6 +105,44 @@ class StubStats:
 Handler = Callable[[dict[str, Any], int], StubReply | None]
 
 
+def openai_duration(seconds: float) -> str:
+    """A duration as OpenAI writes it in ``x-ratelimit-reset-*``: ``230ms``, ``1.5s``,
+    ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:.3g}s" if minutes else f"{rest:.3g}s"
+
+
+@dataclass
+class Quota:
+    """A fixed-window quota, as a gateway keeps it: ``limit`` requests (or tokens) per
+    ``period_s``, windows aligned to the server's start. A request that does not fit is
+    answered 429 and does not count."""
+
+    limit: int
+    period_s: float
+    used: int = 0
+    window: int = -1
+
+    def fits(self, cost: int, elapsed_s: float) -> bool:
+        window = int(elapsed_s // self.period_s)
+        if window != self.window:
+            self.window, self.used = window, 0
+        return self.used + cost <= self.limit
+
+    def reset_in(self, elapsed_s: float) -> float:
+        """Seconds until the current window ends."""
+        return (int(elapsed_s // self.period_s) + 1) * self.period_s - elapsed_s
+
+    def headers(self, suffix: str, elapsed_s: float) -> dict[str, str]:
+        return {
+            f"x-ratelimit-limit-{suffix}": str(self.limit),
+            f"x-ratelimit-remaining-{suffix}": str(max(0, self.limit - self.used)),
+            f"x-ratelimit-reset-{suffix}": openai_duration(self.reset_in(elapsed_s)),
+        }
+
+
 def _text_of(body: dict[str, Any]) -> str:
     parts: list[str] = []
     for m in body.get("messages") or ():
@@ -165,6 +205,11 @@ class StubServer:
         handler: ``(body, attempt) -> StubReply | None`` consulted before the rules.
         models: model names served (``GET /v1/models``); other models get 404.
         record_bodies: keep every request body in ``stats.bodies``.
+        quota, token_quota: ``(limit, period_s)``: at most ``limit`` requests (tokens: prompt
+            words plus ``max_tokens``) per window of ``period_s`` seconds; a request over it
+            gets 429. Every answer announces the quota in OpenAI's ``x-ratelimit-*`` headers
+            unless ``quota_headers`` is False; ``quota_retry_after`` adds ``Retry-After`` (the
+            seconds to the window's end, rounded up) to those 429s.
 
     ``url`` is the base URL ending in ``/v1``; ``stats`` what it saw. ``stop()`` (or leaving the
     ``with`` block) closes it; ``kill()`` drops every open connection too, like a dead server.
@@ -181,6 +226,10 @@ class StubServer:
         handler: Handler | None = None,
         models: tuple[str, ...] = ("smollm2",),
         record_bodies: bool = False,
+        quota: tuple[int, float] | None = None,
+        token_quota: tuple[int, float] | None = None,
+        quota_headers: bool = True,
+        quota_retry_after: bool = False,
         port: int = 0,
     ) -> None:
         self.latency_s = latency_s
@@ -191,6 +240,13 @@ class StubServer:
         self.handler = handler
         self.models = models
         self.record_bodies = record_bodies
+        self.quotas = {
+            name: Quota(*spec)
+            for name, spec in (("requests", quota), ("tokens", token_quota))
+            if spec is not None
+        }
+        self.quota_headers = quota_headers
+        self.quota_retry_after = quota_retry_after
         self.stats = StubStats()
         self._attempts: Counter[str] = Counter()
         self._port = port
@@ -266,6 +322,11 @@ class StubServer:
             key = raw.decode("utf-8", "replace")
             self._attempts[key] += 1
             attempt = self._attempts[key]
+            quota_headers: dict[str, str] = {}
+            if self.quotas:
+                over = self._take_quota(body, quota_headers)
+                if over is not None:
+                    return over
             if self.capacity is not None and stats.in_flight > self.capacity:
                 stats.by_status[429] += 1
                 headers = {}
@@ -303,10 +364,35 @@ class StubServer:
                         status=404,
                     )
                 stats.by_status[200] += 1
-                return web.json_response(completion_body(body))
+                return web.json_response(completion_body(body), headers=quota_headers)
+            reply.headers = {**quota_headers, **reply.headers}
             return await self._send(request, reply, body)
         finally:
             stats.in_flight -= 1
+
+    def _take_quota(self, body: dict[str, Any], headers: dict[str, str]) -> web.Response | None:
+        """Count the request against the quotas (filling ``headers``); the 429 when over."""
+        elapsed = time.monotonic() - self._started
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        costs = {"requests": 1, "tokens": len(_text_of(body).split()) + int(max_tokens)}
+        over = [q for name, q in self.quotas.items() if not q.fits(costs[name], elapsed)]
+        if not over:
+            for name, quota in self.quotas.items():
+                quota.used += costs[name]
+        if self.quota_headers:
+            for name, quota in self.quotas.items():
+                headers.update(quota.headers(name, elapsed))
+        if not over:
+            return None
+        refused_for = max(q.reset_in(elapsed) for q in over)
+        self.stats.by_status[429] += 1
+        if self.quota_retry_after:
+            headers["Retry-After"] = str(math.ceil(refused_for))
+        return web.json_response(
+            {"error": {"message": "quota exceeded", "type": "rate_limit_error", "code": 429}},
+            status=429,
+            headers=headers,
+        )
 
     async def _send(
         self, request: web.Request, reply: StubReply, body: dict[str, Any]

@@ -1,0 +1,186 @@
+"""Building the remote provider's parts from its arguments, every check made before any
+connection: TLS settings, headers and secrets, one transport, rate buckets and adaptive limit
+per endpoint, and the dispatcher over them."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._version import __version__
+from ..errors import ConfigurationError
+from ._adaptive import AdaptiveSettings
+from ._endpoints import Dispatcher, Replica
+from ._rates import RateBuckets
+from ._settings import AdaptiveConcurrency, Ejection, HttpOptions, RateLimits, Timeouts
+from ._transport import Transport
+from ._urls import (
+    Redactor,
+    check_headers,
+    clean_api_key,
+    parse_address,
+    proxy_authorization,
+    resolve_proxy,
+)
+
+if TYPE_CHECKING:
+    from ._client import RemoteEndpoint
+
+__all__ = ["USER_AGENT", "Verify", "build_dispatcher", "check_settings", "tls_settings"]
+
+USER_AGENT = f"batchclient/{__version__}"
+
+Verify = bool | str | os.PathLike[str] | ssl.SSLContext
+"""True (system CAs), a CA bundle file or directory, an ``SSLContext``, or False."""
+
+
+def check_settings(
+    max_concurrency: int,
+    max_retries: int,
+    timeout: float,
+    rpm: float | None,
+    tpm: float | None,
+    rate_limits: RateLimits,
+    ejection: Ejection,
+) -> None:
+    """Raise ``ConfigurationError`` for a limit out of range."""
+    if max_concurrency < 1:
+        raise ConfigurationError("max_concurrency must be >= 1")
+    if max_retries < 0:
+        raise ConfigurationError("max_retries must be >= 0")
+    if timeout <= 0:
+        raise ConfigurationError("timeout must be > 0 seconds")
+    if ejection.after < 1 or ejection.duration_s < 0:
+        raise ConfigurationError("Ejection needs after >= 1 and duration_s >= 0")
+    for name, value in (("rpm", rpm), ("tpm", tpm), ("period_s", rate_limits.period_s)):
+        if value is not None and value <= 0:
+            raise ConfigurationError(f"{name} must be > 0")
+
+
+def tls_settings(verify: Verify, http: HttpOptions) -> ssl.SSLContext | bool:
+    """What the transport passes to aiohttp as ``ssl``. Raises ``ConfigurationError`` for a CA
+    bundle or client certificate that cannot be loaded (naming the file)."""
+    if isinstance(verify, ssl.SSLContext):
+        context = verify
+        if http.client_cert is not None:
+            raise ConfigurationError(
+                "HttpOptions.client_cert: load the certificate into the SSLContext given as "
+                "verify instead"
+            )
+        return context
+    if verify is True and http.client_cert is None:
+        return True  # aiohttp's default context: the system's CAs
+    context = ssl.create_default_context()
+    if verify is False:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif verify is not True:
+        path = Path(verify)
+        try:
+            if path.is_dir():
+                context.load_verify_locations(capath=str(path))
+            else:
+                context.load_verify_locations(cafile=str(path))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"verify={str(path)!r}: cannot load CAs: {exc}") from None
+    if http.client_cert is not None:
+        cert, key = (
+            http.client_cert if isinstance(http.client_cert, tuple) else (http.client_cert, None)
+        )
+        try:
+            context.load_cert_chain(cert, key, password=http.client_key_password)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"HttpOptions.client_cert {cert!r}: cannot load: {exc}"
+            ) from None
+    return context
+
+
+def build_dispatcher(
+    endpoints: Sequence[RemoteEndpoint],
+    *,
+    api_key: str | None,
+    max_concurrency: int,
+    rpm: float | None,
+    tpm: float | None,
+    headers: Mapping[str, str] | None,
+    default_query: Mapping[str, str] | None,
+    proxy: str | None,
+    trust_env: bool,
+    verify: Verify,
+    adaptive: AdaptiveConcurrency | bool,
+    rate_limits: RateLimits,
+    ejection: Ejection,
+    timeouts: Timeouts,
+    http: HttpOptions,
+    retry_after_cap_s: float,
+) -> Dispatcher:
+    """Every endpoint's transport, buckets and limits. Raises ``ConfigurationError`` for any
+    bad argument (the URL shown without its userinfo; a header named, never its value)."""
+    if http.max_response_bytes < 1 or http.keepalive_expiry_s < 0:
+        raise ConfigurationError("HttpOptions needs max_response_bytes >= 1, keepalive >= 0")
+    key = clean_api_key(api_key)
+    extra = check_headers(headers)
+    tls = tls_settings(verify, http)
+    settings_of = (
+        AdaptiveConcurrency() if not isinstance(adaptive, AdaptiveConcurrency) else adaptive
+    )
+    built = []
+    for spec in endpoints:
+        address = parse_address(spec.url, default_query)
+        fixed = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **extra}
+        if address.basic_auth is not None:
+            if key is not None:
+                raise ConfigurationError(
+                    f"{address.display}: user:password in the URL and api_key would both be "
+                    "the Authorization header; give one"
+                )
+            fixed["Authorization"] = address.basic_auth
+        elif key is not None:
+            fixed["Authorization"] = f"Bearer {key}"
+        proxy_url = resolve_proxy(address.url(""), proxy, trust_env)
+        proxy_auth = proxy_authorization(proxy_url)
+        if proxy_auth is not None and address.origin.startswith("http://"):
+            # a plain-HTTP request is sent to the proxy itself (no CONNECT): the header rides on
+            # it, and the proxy removes it before forwarding
+            fixed["Proxy-Authorization"], proxy_auth = proxy_auth, None
+        redactor = Redactor.of(
+            fixed, key, address.password, proxy_url.password if proxy_url else None, proxy_auth
+        )
+        maximum = spec.max_concurrency or max_concurrency
+        initial = settings_of.initial
+        try:
+            limits = AdaptiveSettings(
+                initial=min(16 if initial is None else initial, maximum),
+                minimum=min(settings_of.minimum, maximum),
+                maximum=maximum,
+                increase_ratio=settings_of.increase_ratio,
+                decrease_factor=settings_of.decrease_factor,
+                cooldown_s=settings_of.cooldown_s,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"{address.display}: {exc}") from None
+        transport = Transport(
+            address,
+            fixed,
+            redactor,
+            ssl=tls,
+            proxy=proxy_url,
+            proxy_authorization=proxy_auth,
+            connect_timeout_s=timeouts.connect_s,
+            keepalive_expiry_s=http.keepalive_expiry_s,
+            max_response_bytes=http.max_response_bytes,
+        )
+        rates = RateBuckets(
+            spec.rpm or rpm,
+            spec.tpm or tpm,
+            period_s=rate_limits.period_s,
+            initial_output_tokens=rate_limits.initial_output_tokens,
+        )
+        replica = Replica(address.display, transport, rates, limits, adaptive is not False)
+        replica.quota.max_hold_s = retry_after_cap_s
+        built.append(replica)
+    return Dispatcher(built, eject_after=ejection.after, eject_s=ejection.duration_s)

@@ -1,0 +1,229 @@
+"""Throttling that keeps the pipe full, against the loopback stub: a ``Retry-After`` holds the
+request that got it, the endpoint pauses only for endpoint-wide throttling, and a quota the
+server announces in ``x-ratelimit-*`` headers paces dispatch before it runs out."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchclient import RemoteBatchInference, SamplingParams
+from batchclient.remote import RetryPolicy
+from batchclient.remote._quota import HeaderQuota, parse_duration
+from batchclient.testing import StubReply, StubServer
+from batchclient.testing import _stub as stub_module
+
+FAST = RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)
+
+
+def convos(n: int, prefix: str = "n") -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"{prefix}{i}"}] for i in range(n)]
+
+
+# ---------------------------------------------------------------------------- Retry-After
+
+
+@pytest.mark.parametrize("retry_after", [None, "1"])
+async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
+    retry_after: str | None,
+) -> None:
+    """Capacity 6, 50 ms per answer: 120 req/s at most. Excess requests get 429 (with
+    ``Retry-After: 1`` or without). Only they wait; the others keep the server full."""
+    refused: list[float] = []
+    arrivals: list[float] = []
+
+    def record(body: dict[str, Any], attempt: int) -> None:
+        arrivals.append(time.monotonic())
+
+    with StubServer(
+        latency_s=0.05, capacity=6, capacity_retry_after=retry_after, handler=record
+    ) as stub:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+            last = 0
+            result = None
+
+            async def watch() -> None:
+                nonlocal last
+                while True:
+                    throttled = (
+                        client.endpoint_stats()[0].throttled if client.endpoint_stats() else 0
+                    )
+                    if throttled > last:
+                        refused.append(time.monotonic())
+                        last = throttled
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                result = await client.batch_chat_completion("smollm2", convos(360))
+                tg.cancel_scope.cancel()
+            stats = client.endpoint_stats()[0]
+    assert result is not None
+    assert all(r.error is None for r in result.batch)
+    share = stub.stats.by_status[429] / stub.stats.requests
+    assert share < 0.05, share
+    assert stats.concurrency_limit in range(5, 9) and stub.stats.max_in_flight >= 6
+    # after a 429 in the steady state (one per probe), the other requests went on
+    late = [t for t in refused if t > refused[0] + 0.5 and t < arrivals[-1] - 0.5]
+    for t in late:
+        assert any(t < a < t + 0.3 for a in arrivals), "the endpoint stopped after a 429"
+
+
+async def test_an_isolated_retry_after_holds_only_its_request() -> None:
+    arrivals: list[tuple[float, str]] = []
+
+    def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
+        text = stub_module._text_of(body)
+        arrivals.append((time.monotonic(), text))
+        if text == "trigger" and attempt == 1:
+            return StubReply(status=429, headers={"Retry-After": "1"})
+        return None
+
+    with StubServer(latency_s=0.05, handler=handler) as stub:
+        async with RemoteBatchInference(
+            stub.url, max_concurrency=8, adaptive=False, retry=FAST
+        ) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", [[{"role": "user", "content": "trigger"}], *convos(120)]
+            )
+    assert all(r.error is None for r in result.batch)
+    t429, retried = (t for t, text in arrivals if text == "trigger")
+    during = [t for t, _ in arrivals if t429 + 0.02 < t < t429 + 0.95]
+    assert len(during) > 10  # the others went on (a pause would let none through)
+    assert retried - t429 >= 1.0  # the throttled request waited what the server said
+    assert stub.stats.requests == 122
+
+
+async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
+    """Every answer in the first 0.3 s is ``429 Retry-After: 1``: that is endpoint-wide, so
+    nothing new is sent until the second is over; then dispatch restarts gradually."""
+    arrivals: list[float] = []
+    start: list[float] = []
+
+    def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
+        now = time.monotonic()
+        arrivals.append(now)
+        if not start:
+            start.append(now)
+        if now - start[0] < 0.3:
+            return StubReply(status=429, headers={"Retry-After": "1"})
+        return None
+
+    with StubServer(latency_s=0.02, handler=handler) as stub:
+        async with RemoteBatchInference(
+            stub.url, max_concurrency=8, adaptive=False, retry=FAST
+        ) as client:
+            result = await client.batch_chat_completion("smollm2", convos(80))
+    assert all(r.error is None for r in result.batch)
+    first = start[0]
+    throttled_until = max(t for t in arrivals if t - first < 0.3)
+    quiet = [t for t in arrivals if throttled_until + 0.05 < t < first + 0.95]
+    assert quiet == [], f"{len(quiet)} requests sent during the pause"
+    assert stub.stats.by_status[429] <= 16
+
+
+# ---------------------------------------------------------------------------- announced quotas
+
+
+async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
+    """A gateway allowing 40 requests per 0.5 s window, announced in ``x-ratelimit-*``
+    headers, and no rpm set by the user: the client holds before the quota runs out."""
+    with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+            started = time.monotonic()
+            result = await client.batch_chat_completion("smollm2", convos(240))
+            elapsed = time.monotonic() - started
+    assert all(r.error is None for r in result.batch)
+    assert stub.stats.by_status[429] <= 2, stub.stats.by_status
+    assert elapsed < 0.5 * 240 / 40 + 1.0  # 80 req/s used: close to the quota, not below it
+
+
+async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
+    """The control for the test above: the same quota, not announced."""
+    with StubServer(latency_s=0.03, quota=(40, 0.5), quota_headers=False) as stub:
+        async with RemoteBatchInference(stub.url, max_retries=20, retry=FAST) as client:
+            await client.batch_chat_completion("smollm2", convos(120))
+    assert stub.stats.by_status[429] > 24
+
+
+async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
+    # each request: 1 prompt word + max_tokens 20 = 21 tokens; 420 per 0.5 s = 20 requests
+    with StubServer(latency_s=0.02, token_quota=(420, 0.5)) as stub:
+        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", convos(100), sampling_params=SamplingParams(max_tokens=20)
+            )
+    assert all(r.error is None for r in result.batch)
+    assert stub.stats.by_status[429] <= 5, stub.stats.by_status
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-ratelimit-remaining-requests": "many", "x-ratelimit-reset-requests": "soon"},
+        {"x-ratelimit-remaining-requests": "-3", "x-ratelimit-reset-requests": "-1s"},
+        {"x-ratelimit-remaining-tokens": "1e400", "x-ratelimit-reset-tokens": "1e400s"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "99999h"},
+        {"x-ratelimit-limit-requests": "NaN", "x-ratelimit-remaining-requests": "nan"},
+    ],
+)
+async def test_malformed_quota_headers_are_ignored(headers: dict[str, str]) -> None:
+    reply = StubReply(headers=headers)
+    with StubServer(handler=lambda body, attempt: reply) as stub:
+        async with RemoteBatchInference(stub.url, timeout=5, retry=FAST) as client:
+            result = await client.batch_chat_completion("smollm2", convos(20))
+    assert all(r.error is None for r in result.batch)
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("230ms", 0.23),
+        ("1m30.5s", 90.5),
+        ("2h", 7200.0),
+        ("17.25", 17.25),
+        ("500us", 0.0005),
+        ("", None),
+        ("1x", None),
+        ("s", None),
+        ("-1s", None),
+        ("1s 2s", None),
+        ("9999h", None),
+    ],
+)
+def test_parse_duration(text: str, seconds: float | None) -> None:
+    got = parse_duration(text)
+    assert got == seconds if seconds is None else got == pytest.approx(seconds)
+
+
+@given(st.text(max_size=40))
+def test_parse_duration_never_raises(text: str) -> None:
+    got = parse_duration(text)
+    assert got is None or (math.isfinite(got) and got >= 0)
+
+
+def test_the_quota_estimate_subtracts_what_was_sent_since_the_report() -> None:
+    quota = HeaderQuota()
+    marks = [quota.on_send(0.0) for _ in range(5)]  # five requests out
+    quota.observe(
+        {"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "200ms"},
+        marks[0],
+        now=10.0,
+    )
+    # the server had 3 left after the first; four more are on their way: none left
+    assert quota.hold_until(10.0, in_flight=4) == pytest.approx(10.2)
+    assert quota.hold_until(10.3, in_flight=4) is None  # the window turned over
+    stale = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    assert quota.observe(stale, marks[1], now=10.3)  # an older report: at zero, not taken
+    assert quota.hold_until(10.3, in_flight=4) is None
