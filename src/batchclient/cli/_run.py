@@ -68,6 +68,7 @@ def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> 
     p.add_argument(
         api_key_flag,
         dest="upstream_api_key",
+        metavar="KEY",
         default=os.environ.get("OPENAI_API_KEY"),
         help="remote: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )
