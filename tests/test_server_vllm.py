@@ -63,11 +63,11 @@ def test_a_batch_survives_sigkill_against_the_real_vllm_server(
 ) -> None:
     """300 lines, the server SIGKILLed after about 100 answers, started again: every custom_id
     once, and what vLLM received twice is at most the in-flight window (counted by a proxy)."""
-    window = 8
+    window = 16
     state, port = tmp_path / "state", free_port()
     url = f"http://127.0.0.1:{port}"
     with CountingProxy(vllm_url) as proxy:
-        proc = spawn(proxy.url, state, port)
+        proc = spawn(proxy.url, state, port, "--max-concurrency", str(window))
         try:
             ready(url, proc)
             client = sdk(url)
@@ -81,7 +81,7 @@ def test_a_batch_survives_sigkill_against_the_real_vllm_server(
             proc.wait()
             at_kill = done_in_db(state / "tenants" / tenant_id(KEY_A))
             sent_before = proxy.requests
-            proc = spawn(proxy.url, state, port)
+            proc = spawn(proxy.url, state, port, "--max-concurrency", str(window))
             ready(url, proc)
             done = wait_batch(client, batch.id, within=400)
             ids = [json.loads(x)["custom_id"] for x in
