@@ -149,6 +149,12 @@ def test_a_batch_runs_to_output_and_error_files(url: str, key: str) -> None:
     assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
     for file_id in (done.output_file_id, done.error_file_id):
         assert client.files.retrieve(file_id).purpose == "batch_output"
+    with pytest.raises(openai.BadRequestError) as refused:  # an output file is no input
+        client.batches.create(
+            input_file_id=done.output_file_id, endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )  # fmt: skip
+    assert refused.value.param == "input_file_id"
 
 
 async def test_async_sdk_lists_batches_page_by_page(url: str, key: str) -> None:
@@ -368,9 +374,15 @@ def test_one_log_line_per_request_and_never_a_key(
     )
     with pytest.raises(openai.AuthenticationError):
         sdk(url, "not-a-key-" + b).models.list()
-    lines = [r.getMessage() for r in caplog.records if r.name == "batchclient.server"]
     pattern = re.compile(r"^(GET|POST) (/v1/models|/v1/chat/completions) (200|401) \d+\.\d ms$")
-    assert sum(bool(pattern.match(x)) for x in lines) == 3, lines
+
+    def logged() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.name == "batchclient.server"]
+        return [x for x in lines if pattern.match(x)]
+
+    # the server's thread writes a request's line just after the answer has gone out
+    wait_sync(lambda: len(logged()) >= 3, timeout=10)
+    assert len(logged()) == 3, logged()
     assert a not in caplog.text and b not in caplog.text and secret_text not in caplog.text
 
 
@@ -389,6 +401,8 @@ BAD_INPUT = [
     ("POST", "/v1/batches", dict(BATCH, completion_window="soon"), None, 400,
      "completion_window"),
     ("POST", "/v1/batches", dict(BATCH, metadata={"k": 1}), None, 400, "metadata.k"),
+    ("POST", "/v1/batches", dict(BATCH, metadata={str(i): "v" for i in range(17)}), None, 400,
+     "metadata"),
     ("POST", "/v1/batches", dict(BATCH, output_expires_after={}), None, 400,
      "output_expires_after"),
     ("POST", "/v1/batches", BATCH, {"Idempotency-Key": "k" * 300}, 400, "Idempotency-Key"),

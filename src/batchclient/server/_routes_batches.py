@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from .._core.client import BatchClient
-from ..errors import JobNotFoundError
+from ..errors import ConfigurationError, JobNotFoundError
 from ..jobs import parse_window
 from ..types import Batch
 from ._body import read_model
@@ -86,13 +86,18 @@ async def create_batch(
 
 
 async def _create(client: BatchClient, params: BatchCreate) -> Batch:
-    with found("file", params.input_file_id, "input_file_id"):
-        return await client.batches.create(
-            params.input_file_id,
-            endpoint=params.endpoint,
-            completion_window=params.completion_window,
-            metadata=params.metadata,
-        )
+    try:
+        with found("file", params.input_file_id, "input_file_id"):
+            return await client.batches.create(
+                params.input_file_id,
+                endpoint=params.endpoint,
+                completion_window=params.completion_window,
+                metadata=params.metadata,
+            )
+    except ConfigurationError as exc:  # OpenAI's metadata limits, a file that is not "batch"
+        message = str(exc)
+        param = "metadata" if message.startswith("metadata") else "input_file_id"
+        raise APIError(400, message, param=param) from None
 
 
 @router.get("/batches/{batch_id}")

@@ -128,10 +128,11 @@ class Tenants:
         self.tenants: list[Tenant] = []
         shared = SharedProvider(self.provider)
         if not api_keys:
-            reuse = isinstance(target, BatchClient) and base == target.state_dir
-            client = target if isinstance(target, BatchClient) and reuse else None
-            client = client or BatchClient(shared, state_dir=base)
-            self.tenants.append(Tenant(DEFAULT_TENANT, client, IdempotencyKeys(base)))
+            if isinstance(target, BatchClient) and base == target.state_dir:
+                default = target  # the client is the one tenant
+            else:
+                default = BatchClient(shared, state_dir=base)
+            self.tenants.append(Tenant(DEFAULT_TENANT, default, IdempotencyKeys(base)))
         for key in dict.fromkeys(api_keys):  # a key given twice is one tenant
             check_key(key)
             tid = tenant_id(key)
@@ -141,10 +142,6 @@ class Tenants:
             self.tenants.append(tenant)
             self._keyed.append((hashlib.sha256(key.encode()).digest(), tenant))
         self._stack: AsyncExitStack | None = None
-
-    @property
-    def auth_required(self) -> bool:
-        return bool(self._keyed)
 
     def authenticate(self, authorization: bytes | None) -> Tenant | None:
         """The tenant of an ``Authorization`` header value (``Bearer <key>``), or None. Without
