@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -15,7 +18,7 @@ from pydantic import BaseModel
 from batchclient import RemoteProvider
 from batchclient.server import create_app
 from batchclient.testing import AppServer
-from jobs_util import jsonl, line
+from jobs_util import jsonl, line, wait_sync
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-fedcba9876543210"
@@ -105,3 +108,33 @@ def multipart(parts: dict[str, str | bytes]) -> bytes:
         out += f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
         out += payload + b"\r\n"
     return out + f"--{BOUNDARY}--\r\n".encode()
+
+
+WINDOW = 8
+"""Requests in flight of the servers :func:`spawn` starts."""
+
+
+def spawn(stub_url: str, state: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    """``batchclient serve`` over ``stub_url`` with key :data:`KEY_A`, as a child process
+    logging to a file next to ``state``."""
+    log = (state.parent / f"serve-{port}-{time.monotonic_ns()}.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    args = ["serve", "--base-url", stub_url, "--port", str(port), "--state-dir", str(state),
+            "--api-key", KEY_A, "--max-concurrency", str(WINDOW), *extra]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchclient.cli", *args], env=env, stdout=log, stderr=log
+    )
+
+
+def ready(url: str, proc: subprocess.Popen[bytes], **client: object) -> None:
+    """Wait until the server at ``url`` answers (``client``: more ``httpx.get`` arguments)."""
+
+    def answers() -> bool:
+        assert proc.poll() is None, "the server exited"
+        try:
+            headers = {"Authorization": f"Bearer {KEY_A}"}
+            return httpx.get(f"{url}/v1/models", headers=headers, **client).is_success  # type: ignore[arg-type]
+        except httpx.TransportError:
+            return False
+
+    wait_sync(answers, timeout=60, every=0.1)

@@ -9,8 +9,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,9 +22,7 @@ from batchclient.cli import main
 from batchclient.server import is_loopback, tenant_id
 from batchclient.testing import Fault, StubReply, StubServer, free_port
 from jobs_util import done_in_db, wait_sync
-from server_util import KEY_A, batch_file, finished, sdk, wait_batch
-
-WINDOW = 8
+from server_util import KEY_A, WINDOW, batch_file, finished, ready, sdk, spawn, wait_batch
 
 
 @pytest.mark.parametrize(
@@ -50,28 +46,6 @@ def test_serve_refuses_an_open_address_without_keys_and_bad_keys(
     monkeypatch.setenv("BATCHCLIENT_API_KEYS", "bad key with spaces, and more")
     assert main(base) == 2
     assert "visible ASCII" in capsys.readouterr().err
-
-
-def spawn(stub_url: str, state: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
-    log = (state.parent / f"serve-{port}-{time.monotonic_ns()}.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    args = ["serve", "--base-url", stub_url, "--port", str(port), "--state-dir", str(state),
-            "--api-key", KEY_A, "--max-concurrency", str(WINDOW), *extra]  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "batchclient.cli", *args], env=env, stdout=log, stderr=log
-    )
-
-
-def ready(url: str, proc: subprocess.Popen[bytes], **client: object) -> None:
-    def answers() -> bool:
-        assert proc.poll() is None, "the server exited"
-        try:
-            headers = {"Authorization": f"Bearer {KEY_A}"}
-            return httpx.get(f"{url}/v1/models", headers=headers, **client).is_success  # type: ignore[arg-type]
-        except httpx.TransportError:
-            return False
-
-    wait_sync(answers, timeout=60, every=0.1)
 
 
 @pytest.fixture

@@ -18,8 +18,7 @@ from batchclient import BatchChatCompletionResponse, RemoteProvider, VLLMBatchIn
 from batchclient.server import create_app, tenant_id
 from batchclient.testing import AppServer, CountingProxy, free_port
 from jobs_util import done_in_db, jsonl, line, wait_sync
-from server_util import KEY_A, sdk, wait_batch
-from test_server_cli import ready, spawn
+from server_util import KEY_A, ready, sdk, spawn, wait_batch
 
 HUGE = " ".join(["word"] * 5000)  # over the 2048-token context
 
