@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from .._core.client import BatchClient
+from .._core.provider import Provider
 from ..errors import ConfigurationError
 from ..types import Batch
 
@@ -52,12 +53,26 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write failed lines here (default: every line goes to --output, as vllm run-batch)",
     )
+    add_provider_arguments(p, api_key_flag="--api-key")
+    p.add_argument(
+        "--completion-window",
+        default="24h",
+        help="how long the job may run, e.g. 24h, 30m (default 24h)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> None:
+    """The provider options ``run`` and ``serve`` share; ``api_key_flag`` names the option of
+    the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys)."""
     p.add_argument("--provider", choices=("remote", "vllm"), default="remote")
     p.add_argument("--base-url", help="remote: API root ending in /v1")
     p.add_argument(
-        "--api-key",
+        api_key_flag,
+        dest="upstream_api_key",
+        metavar="KEY",
         default=os.environ.get("OPENAI_API_KEY"),
-        help="remote: bearer token (default $OPENAI_API_KEY)",
+        help="remote: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )
     p.add_argument(
         "--max-concurrency",
@@ -76,12 +91,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="vllm: an engine argument (value parsed as JSON if it can be), repeatable",
     )
-    p.add_argument(
-        "--completion-window",
-        default="24h",
-        help="how long the job may run, e.g. 24h, 30m (default 24h)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.add_argument(
         "--verbose",
         action="store_true",
@@ -113,20 +122,19 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace) -> BatchClient:
-    state_dir = getattr(args, "state_dir", None)
+def make_provider(args: argparse.Namespace) -> Provider:
+    """The provider the options of :func:`add_provider_arguments` describe."""
     if args.provider == "remote":
         if not args.base_url:
             raise ConfigurationError("--provider remote needs --base-url")
-        from ..remote import RemoteBatchInference
+        from ..remote import RemoteProvider
 
-        return RemoteBatchInference(
+        return RemoteProvider(
             args.base_url,
-            args.api_key,
+            args.upstream_api_key,
             max_concurrency=args.max_concurrency or 64,
             max_retries=args.max_retries,
             timeout=args.timeout,
-            state_dir=state_dir,
         )
     engine_args: dict[str, Any] = {}
     for item in args.engine_arg:
@@ -137,16 +145,16 @@ def make_client(args: argparse.Namespace) -> BatchClient:
             engine_args[key] = json.loads(value)
         except ValueError:
             engine_args[key] = value
-    from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
+    from ..inline import VLLMProvider  # vLLM itself is imported when the engine starts
 
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    return VLLMBatchInference(
-        args.model,
-        state_dir=state_dir,
-        verbose=getattr(args, "verbose", False),
-        **max_concurrency,
-        **engine_args,
+    return VLLMProvider(
+        args.model, verbose=getattr(args, "verbose", False), **max_concurrency, **engine_args
     )
+
+
+def make_client(args: argparse.Namespace) -> BatchClient:
+    return BatchClient(make_provider(args), state_dir=getattr(args, "state_dir", None))
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ directory without running jobs (the ``batchclient jobs`` commands):
 - :func:`default_state_dir`: where state lives by default.
 """
 
-from ._files import Files
+from ._files import Files, StagedFile
 from ._manager import Batches, JobManager
 from ._runner import parse_window
 from ._store import default_state_dir
@@ -19,6 +19,7 @@ __all__ = [
     "Batches",
     "Files",
     "JobManager",
+    "StagedFile",
     "ValidationReport",
     "default_state_dir",
     "parse_window",

@@ -9,14 +9,18 @@
   --help``).
 - :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
   was sent twice.
+- :class:`AppServer`: an ASGI application (``batchclient.server.create_app(...)``) on a real
+  uvicorn server on loopback, in a background thread.
 """
 
+from ._app_server import AppServer
 from ._process import StubProcess
 from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
 from ._vllm_server import free_port, vllm_server
 
 __all__ = [
+    "AppServer",
     "CountingProxy",
     "Fault",
     "StubProcess",

@@ -1,0 +1,55 @@
+"""Helpers of the server benchmarks: ``batchclient serve`` as a child process."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from _jobs_common import child_env
+from batchclient.testing import free_port
+
+
+def start_serve(
+    base_url: str, state: Path, *extra: str, log: Path | None = None, port: int | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start ``batchclient serve --provider remote --base-url BASE_URL`` on a free loopback
+    port (no keys); return its URL and process once ``GET /v1/models`` answers."""
+    port = port or free_port()
+    out = log.open("ab") if log is not None else subprocess.DEVNULL
+    args = ["serve", "--base-url", base_url, "--port", str(port), "--state-dir", str(state),
+            "--log-level", "warning", *extra]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchclient.cli", *args], env=child_env(), stdout=out, stderr=out
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"batchclient serve exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=5).read()
+            return url, proc
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def serve(base_url: str, state: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    url, proc = start_serve(base_url, state, *extra)
+    try:
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
