@@ -1,7 +1,8 @@
 """``RemoteProvider``: fan-out to one or more OpenAI-compatible endpoints, and
 ``RemoteBatchInference``, the client over it.
 
-One ``POST {base_url}/chat/completions`` per conversation. Each attempt takes a slot on the
+One ``POST`` per request to its endpoint's path (``{base_url}/chat/completions``,
+``/completions``, ``/embeddings``). Each attempt takes a slot on the
 least-loaded usable (replica, model) lane (:mod:`._endpoints`), whose limit adapts to
 throttling (:mod:`._adaptive`), waits for the replica's rpm/tpm buckets (:mod:`._rates`), and is
 sent over a keep-alive HTTP/1.1 pool (:mod:`._http`); failures are retried by the policy in
@@ -25,8 +26,11 @@ from .._core.client import BatchClient
 from .._core.decode import http_error
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.scoring import prompt_logprobs_body
+from .._core.tokens import Tokenizer
 from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
+from ..types import Endpoint
 from ._adaptive import AdaptiveSettings
 from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
 from ._http import HttpError, HttpTimeout, Pool
@@ -41,6 +45,7 @@ from ._retry import (
 )
 from ._settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy, Timeouts
 from ._structured import VllmProbe
+from ._tokenize import find_tokenizer
 
 __all__ = ["RemoteBatchInference", "RemoteEndpoint", "RemoteProvider"]
 
@@ -63,8 +68,9 @@ BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
 
 
 class RemoteBatchInference(BatchClient):
-    """Batch inference against OpenAI-compatible ``/v1/chat/completions`` endpoints (vLLM
-    servers, OpenAI, llama.cpp servers, ...). Use as ``async with``.
+    """Batch inference against OpenAI-compatible endpoints (``/v1/chat/completions``,
+    ``/v1/completions``, ``/v1/embeddings``: vLLM servers, OpenAI, llama.cpp servers, ...). Use
+    as ``async with``.
 
     Args:
         base_url: the API root ending in ``/v1`` (e.g. ``http://127.0.0.1:8000/v1``), or a list
@@ -90,6 +96,10 @@ class RemoteBatchInference(BatchClient):
         ssl_context: TLS settings for ``https://`` endpoints (default: the system's CAs).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
+        tokenizer: a local folder with the model's tokenizer files, for the scoring calls on
+            text (``batch_loglikelihood``, ``batch_loglikelihood_rolling``); needs
+            ``transformers``. None (default): the server's ``/tokenize`` route (vLLM), and a
+            ``ConfigurationError`` at the call when the server has none.
         state_dir: where files, batches and results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory); batches there resume with a
             client on the same ``base_url``.
@@ -119,6 +129,7 @@ class RemoteBatchInference(BatchClient):
         headers: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         check_model: bool = True,
+        tokenizer: str | os.PathLike[str] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         provider = RemoteProvider(
@@ -137,6 +148,7 @@ class RemoteBatchInference(BatchClient):
             headers=headers,
             ssl_context=ssl_context,
             check_model=check_model,
+            tokenizer=tokenizer,
         )
         super().__init__(provider, state_dir=state_dir)
 
@@ -156,6 +168,8 @@ class RemoteProvider(Provider):
     """The remote fan-out as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
     and other providers). Arguments as :class:`RemoteBatchInference`, without ``state_dir``."""
 
+    endpoints = frozenset(Endpoint)
+
     def __init__(
         self,
         base_url: BaseUrl,
@@ -174,6 +188,7 @@ class RemoteProvider(Provider):
         headers: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         check_model: bool = True,
+        tokenizer: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
@@ -213,6 +228,8 @@ class RemoteProvider(Provider):
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
         self._vllm_probe = VllmProbe(timeouts.list_models_s)
+        self._tokenizer_path = tokenizer
+        self._tokenizers: dict[str, Tokenizer] = {}
         self._dispatcher = self._build_dispatcher()  # validates the settings now
 
     def _build_dispatcher(self) -> Dispatcher:
@@ -286,6 +303,11 @@ class RemoteProvider(Provider):
 
     async def _list_models(self) -> set[str] | None:
         """The models of the first endpoint that answers ``GET /models``, else None."""
+        entries = await self._model_entries()
+        return None if entries is None else {str(e.get("id")) for e in entries}
+
+    async def _model_entries(self) -> list[dict[str, Any]] | None:
+        """The ``GET /models`` entries of the first endpoint that answers, else None."""
         for ep in self._dispatcher.endpoints:
             try:
                 resp = await ep.pool.request(
@@ -296,8 +318,27 @@ class RemoteProvider(Provider):
                 continue
             entries = data.get("data") if isinstance(data, dict) else None
             if isinstance(entries, list):
-                return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+                return [e for e in entries if isinstance(e, dict)]
         return None
+
+    # ------------------------------------------------------------------ tokenizer
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """``tokenizer=`` (a local folder), else the server's ``/tokenize`` route; raises
+        ``ConfigurationError`` when neither is there (``remote/_tokenize.py``)."""
+        known = self._tokenizers.get(model)
+        if known is not None:
+            return known
+        entries = await self._model_entries() if self._tokenizer_path is not None else None
+        made = await find_tokenizer(
+            self._tokenizer_path,
+            model,
+            self._dispatcher.endpoints[0],
+            entries,
+            self.timeouts.list_models_s,
+        )
+        self._tokenizers[model] = made
+        return made
 
     # ------------------------------------------------------------------ one request
 
@@ -314,21 +355,34 @@ class RemoteProvider(Provider):
             refused = await self._vllm_probe.grammar_refusal(self._dispatcher.endpoints)
             if refused is not None:
                 return refused
-        result = await self._send(body)
+        if request.score_span is not None and await self._all_vllm():
+            body = prompt_logprobs_body(body)
+        result = await self._send(body, request.endpoint)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
         return result
 
-    async def _send(self, body: dict[str, Any]) -> Result:
+    async def _all_vllm(self) -> bool:
+        for endpoint in self._dispatcher.endpoints:
+            if not await self._vllm_probe.is_vllm(endpoint):
+                return False
+        return True
+
+    async def _send(self, body: dict[str, Any], endpoint: Endpoint) -> Result:
         model = str(body.get("model"))
         data = orjson.dumps(body)
         try:  # the fast path: one attempt, no retry machinery
-            return await self._attempt(model, body, data, None)
+            return await self._attempt(model, body, data, endpoint, None)
         except RetryableFailure as first:
-            return await self._retry(model, body, data, first)
+            return await self._retry(model, body, data, endpoint, first)
 
     async def _retry(
-        self, model: str, body: dict[str, Any], data: bytes, first: RetryableFailure
+        self,
+        model: str,
+        body: dict[str, Any],
+        data: bytes,
+        endpoint: Endpoint,
+        first: RetryableFailure,
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
@@ -347,7 +401,7 @@ class RemoteProvider(Provider):
                         raise replay.pop()
                     attempts += 1
                     try:
-                        result = await self._attempt(model, body, data, avoid, told_when)
+                        result = await self._attempt(model, body, data, endpoint, avoid, told_when)
                     except RetryableFailure as again:
                         avoid = again.endpoint or avoid
                         told_when = _told_when(again)
@@ -364,6 +418,7 @@ class RemoteProvider(Provider):
         model: str,
         body: dict[str, Any],
         data: bytes,
+        endpoint: Endpoint,
         avoid: Replica | None,
         past_pause: bool = False,
     ) -> Result:
@@ -389,7 +444,7 @@ class RemoteProvider(Provider):
             sent_at = time.monotonic()
             try:
                 resp = await ep.pool.request(
-                    "POST", ep.path + "/chat/completions", data, timeout=self.timeout
+                    "POST", ep.path + _PATHS[endpoint], data, timeout=self.timeout
                 )
             except HttpTimeout:
                 dispatcher.on_failure(lane, "timeout", connection=False)
@@ -399,7 +454,9 @@ class RemoteProvider(Provider):
                 dispatcher.on_failure(lane, str(exc), connection=True)
                 result = failed(ErrorCode.connection_error, f"{ep.base_url}: {exc}")
                 raise RetryableFailure(result, endpoint=ep) from None
-            return self._outcome(lane, resp.status, resp.headers, resp.body, sent_at, cost)
+            return self._outcome(
+                lane, resp.status, resp.headers, resp.body, sent_at, cost, endpoint
+            )
         finally:
             dispatcher.release(lane)
 
@@ -411,12 +468,13 @@ class RemoteProvider(Provider):
         raw: bytes,
         sent_at: float,
         cost: float,
+        endpoint: Endpoint = Endpoint.chat_completions,
     ) -> Result:
         latency = time.monotonic() - sent_at
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
         if 200 <= status < 300:
-            result = _parse_success(status, raw)
+            result = _parse_success(status, raw, endpoint)
             if result.error is None:
                 dispatcher.on_success(lane, sent_at)
                 rates = lane.endpoint.rates
@@ -445,15 +503,28 @@ def _told_when(failure: RetryableFailure) -> bool:
     return failure.retry_after_s is not None and failure.result.status_code in THROTTLE_STATUS
 
 
-def _parse_success(status: int, raw: bytes) -> Result:
-    """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` (never an empty
-    success: peer lesson 14, case C14)."""
+_PATHS = {
+    Endpoint.chat_completions: "/chat/completions",
+    Endpoint.completions: "/completions",
+    Endpoint.embeddings: "/embeddings",
+}
+
+
+def _parse_success(status: int, raw: bytes, endpoint: Endpoint) -> Result:
+    """A 2xx answer: the endpoint's object (``choices`` for completions, ``data`` for
+    embeddings), or ``bad_upstream_response`` (never an empty success: peer lesson 14, case
+    C14)."""
     try:
         body = orjson.loads(raw)
     except ValueError:
         return _bad_upstream(status, f"answer is not JSON: {raw[:200]!r}")
     if not isinstance(body, dict):
         return _bad_upstream(status, f"answer is not a JSON object: {raw[:200]!r}")
+    if endpoint is Endpoint.embeddings:
+        data = body.get("data")
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            return _bad_upstream(status, f"answer without data: {raw[:200]!r}")
+        return Result(status_code=status, body=body)
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         upstream = body.get("error")

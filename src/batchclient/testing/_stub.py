@@ -7,7 +7,8 @@ request by :class:`Fault` rules (matched on the text of the request's messages a
 number of that exact request) or by a ``handler`` callable for anything else.
 
 Answers are deterministic: the completion echoes the last user message (``"echo: <text>"``),
-truncated to ``max_tokens`` words; one word is one token in ``usage``.
+truncated to ``max_tokens`` words; one word is one token in ``usage``. ``/v1/completions`` and
+``/v1/embeddings`` answer likewise (:mod:`._stub_answers`).
 
 Runs in a background thread (``StubServer`` as a context manager, for tests) or as its own
 process (``python -m batchclient.testing stub --port P ...``, for benchmarks that need the stub
@@ -31,6 +32,8 @@ from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
+
+from ._stub_answers import embedding_body, text_completion_body
 
 __all__ = ["Fault", "StubReply", "StubServer", "StubStats"]
 
@@ -101,10 +104,13 @@ class StubStats:
 
 
 Handler = Callable[[dict[str, Any], int], StubReply | None]
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def _text_of(body: dict[str, Any]) -> str:
-    parts: list[str] = []
+    """The text faults match on: the messages', a completions ``prompt`` or an embeddings
+    ``input``."""
+    parts: list[str] = [str(body[k]) for k in ("prompt", "input") if k in body]
     for m in body.get("messages") or ():
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, str):
@@ -212,6 +218,8 @@ class StubServer:
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         return app
@@ -246,6 +254,15 @@ class StubServer:
         return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, completion_body)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, text_completion_body)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, embedding_body)
+
+    async def _post(self, request: web.Request, answer: Answer) -> web.StreamResponse:
         stats = self.stats
         stats.requests += 1
         stats.arrivals.append(time.monotonic())
@@ -303,13 +320,13 @@ class StubServer:
                         status=404,
                     )
                 stats.by_status[200] += 1
-                return web.json_response(completion_body(body))
-            return await self._send(request, reply, body)
+                return web.json_response(answer(body))
+            return await self._send(request, reply, body, answer)
         finally:
             stats.in_flight -= 1
 
     async def _send(
-        self, request: web.Request, reply: StubReply, body: dict[str, Any]
+        self, request: web.Request, reply: StubReply, body: dict[str, Any], answer: Answer
     ) -> web.StreamResponse:
         if reply.action == "reset":
             self.stats.by_status[0] += 1
@@ -321,7 +338,7 @@ class StubServer:
         if reply.raw is not None:
             payload = reply.raw
         elif reply.body is None:
-            payload = json.dumps(completion_body(body)).encode()
+            payload = json.dumps(answer(body)).encode()
         else:
             payload = json.dumps(reply.body).encode()
         if reply.action == "slow":
