@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, int]] = [
     ("remote", 9),
     ("inline", 9),
     ("testing", 10),
+    ("integrations", 10),
     ("cli", 11),
     ("", 12),  # the package's __init__
 ]

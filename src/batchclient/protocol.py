@@ -12,7 +12,7 @@ implements it, so eval code swaps providers by changing one constructor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack, runtime_checkable
 
 from .types import (
@@ -22,10 +22,13 @@ from .types import (
     BatchLoglikelihoodResponse,
     BatchOptions,
     BatchResponse,
+    CompletionResponse,
+    EmbeddingResponse,
     EncodingFormat,
     InterleavedContent,
     Job,
     JobStatus,
+    LoglikelihoodResponse,
     LogProbConfig,
     MessageLike,
     ProgressCallback,
@@ -125,6 +128,7 @@ class BatchInference(Protocol):
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, CompletionResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchCompletionResponse:
         """Run one text completion (``/v1/completions``, no chat template) per prompt; return
@@ -140,6 +144,9 @@ class BatchInference(Protocol):
                 the inline engine honour it on completions; OpenAI's does not).
             logprobs: ``top_k`` alternatives per generated token, per item or for all.
             custom_ids, progress, raise_on_error: as for :meth:`batch_chat_completion`.
+            on_item: called with ``(index, item)`` as each item finishes (in completion order,
+                on the event loop; keep it quick), e.g. to store results as they come. An
+                exception it raises ends the call. The same for every call below.
 
         Returns:
             ``BatchCompletionResponse`` whose ``batch[i]`` answers ``content_batch[i]``
@@ -159,6 +166,7 @@ class BatchInference(Protocol):
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchLoglikelihoodResponse:
         """Score each continuation given its context (lm-evaluation-harness's
@@ -192,6 +200,7 @@ class BatchInference(Protocol):
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchLoglikelihoodResponse:
         """Score each whole text, for perplexity (lm-evaluation-harness's
@@ -209,6 +218,7 @@ class BatchInference(Protocol):
         encoding_format: EncodingFormat = "float",
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, EmbeddingResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchEmbeddingsResponse:
         """Embed each input (``/v1/embeddings``, one request per input); return the vectors in

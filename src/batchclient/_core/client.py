@@ -24,11 +24,14 @@ from ..types import (
     BatchLoglikelihoodResponse,
     BatchOptions,
     BatchResponse,
+    CompletionResponse,
+    EmbeddingResponse,
     EncodingFormat,
     Endpoint,
     InterleavedContent,
     Job,
     JobStatus,
+    LoglikelihoodResponse,
     LogProbConfig,
     MessageLike,
     ProgressCallback,
@@ -176,6 +179,7 @@ class BatchClient:
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, CompletionResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchCompletionResponse:
         """Run one text completion per prompt; return the answers in input order.
@@ -187,7 +191,8 @@ class BatchClient:
             model, content_batch, sampling_params, response_format, logprobs, custom_ids
         )
         await self.provider.check_model(model)
-        batch = await self._run(requests, len(content_batch), to_completion_response, progress)
+        n = len(content_batch)
+        batch = await self._run(requests, n, to_completion_response, progress, on_item)
         return _checked(BatchCompletionResponse(batch=batch), raise_on_error)
 
     async def batch_loglikelihood(
@@ -197,6 +202,7 @@ class BatchClient:
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchLoglikelihoodResponse:
         """Score each continuation given its context; return the scores in input order.
@@ -213,7 +219,7 @@ class BatchClient:
         encoded = await encode_pairs(requests, tokenizer)
         limit = (await tokenizer.info()).max_model_len if tokenizer is not None else None
         scoring = loglikelihood_requests(model, encoded, limit, custom_ids)
-        batch = await self._run(scoring, n, to_loglikelihood, progress)
+        batch = await self._run(scoring, n, to_loglikelihood, progress, on_item)
         return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
 
     async def batch_loglikelihood_rolling(
@@ -223,6 +229,7 @@ class BatchClient:
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchLoglikelihoodResponse:
         """Score each whole text (perplexity); return the scores in input order.
@@ -237,7 +244,18 @@ class BatchClient:
         await self.provider.check_model(model)
         tokenizer = await self.provider.tokenizer(model)
         windows, owners = await rolling_requests(model, texts, tokenizer, custom_ids)
-        parts = await self._run(windows, len(windows), to_loglikelihood, progress)
+        owner = {j: i for i, mine in enumerate(owners) for j in mine}
+        left = [len(mine) for mine in owners]
+        parts: dict[int, LoglikelihoodResponse] = {}
+
+        def window_done(j: int, part: LoglikelihoodResponse) -> None:
+            parts[j] = part
+            i = owner[j]
+            left[i] -= 1
+            if left[i] == 0 and on_item is not None:
+                on_item(i, combine_windows([parts[k] for k in owners[i]]))
+
+        await self._run(windows, len(windows), to_loglikelihood, progress, window_done)
         batch = [combine_windows([parts[j] for j in mine]) for mine in owners]
         return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
 
@@ -249,6 +267,7 @@ class BatchClient:
         encoding_format: EncodingFormat = "float",
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, EmbeddingResponse], None] | None = None,
         raise_on_error: bool = False,
     ) -> BatchEmbeddingsResponse:
         """Embed each input; return the vectors in input order.
@@ -258,7 +277,7 @@ class BatchClient:
         self._serves(Endpoint.embeddings)
         requests = embedding_requests(model, inputs, encoding_format, custom_ids)
         await self.provider.check_model(model)
-        batch = await self._run(requests, len(inputs), to_embedding_response, progress)
+        batch = await self._run(requests, len(inputs), to_embedding_response, progress, on_item)
         return _checked(BatchEmbeddingsResponse(batch=batch), raise_on_error)
 
     def _serves(self, endpoint: Endpoint) -> None:
@@ -275,9 +294,11 @@ class BatchClient:
         n: int,
         decode: Callable[[Request, Result], R],
         progress: ProgressCallback | None,
+        on_item: Callable[[int, R], None] | None = None,
     ) -> list[R]:
         """Run ``n`` requests (indexes ``0..n-1``) through the provider; ``decode`` each result
-        into its slot. Every slot is filled: the primitive reports every request once."""
+        into its slot (and hand it to ``on_item`` as it finishes). Every slot is filled: the
+        primitive reports every request once."""
         provider = self.provider
         results: list[R | None] = [None] * n
         tracker = ProgressTracker(
@@ -295,6 +316,8 @@ class BatchClient:
             item = decode(request, result)
             results[request.index] = item
             tracker.record(result, getattr(item, "error", None) is None)
+            if on_item is not None:
+                on_item(request.index, item)
 
         await run_requests(execute, requests, window=provider.window(), on_result=on_result)
         tracker.finish()
