@@ -156,13 +156,17 @@ def child_embeddings(mode: str, n: int, base_url: str | None, vectors_out: str) 
 
 
 def _spawn(args: list[str]) -> dict[str, Any]:
+    """One mode in a child process: its figures, or ``{"error": ...}`` (the other modes go on)."""
     env = {**os.environ, **OFFLINE, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}"}
     proc = subprocess.run(
         [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=3600
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{args[1]} failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{args[1]} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return {"error": proc.stderr[-500:]}
+    figures = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(f"{args[1]}: {json.dumps({k: v for k, v in figures.items() if k != 'logprobs'})}")
+    return figures
 
 
 def _cosine(a: list[float], b: list[float]) -> float:
@@ -230,13 +234,14 @@ def main() -> None:
     report: dict[str, Any] = {"copies": args.copies, "modes": {}}
     for mode, figures in runs.items():
         report["modes"][mode] = {k: v for k, v in figures.items() if k != "logprobs"}
+    ok = {m for m, f in runs.items() if "error" not in f}
     for ours, theirs in (("ll-inline", "ll-vllm"), ("ll-remote", "ll-local-completions")):
-        if ours in runs and theirs in runs:
+        if ours in ok and theirs in ok:
             report[f"{ours} / {theirs}"] = {
                 "ratio": runs[ours]["requests_per_s"] / runs[theirs]["requests_per_s"],
                 "max_abs_logprob_diff": _max_diff(runs[ours], runs[theirs]),
             }
-    if all(m in runs for m in EMB_MODES):
+    if all(m in ok for m in EMB_MODES):
         a, b = (json.loads(Path(vectors[m]).read_text()) for m in EMB_MODES)
         report["embeddings min cosine"] = min(_cosine(x, y) for x, y in zip(a, b, strict=True))
     report["machine"] = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0]}

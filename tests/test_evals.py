@@ -179,3 +179,23 @@ async def test_inline_bad_input_is_per_item(inline_client: VLLMBatchInference) -
     [request] = loglikelihood_requests("no-such-model", [([1, 2], [3])], None, None)
     result = await inline_client.provider.execute(request)
     assert result.error is not None and result.error.code == ErrorCode.model_not_found
+
+
+@pytest.mark.server
+def test_the_lm_eval_command_runs_an_offline_task_on_the_server(
+    vllm_url: str, tmp_path: Path
+) -> None:
+    tasks = write_tasks(tmp_path / "tasks")
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    command = [
+        sys.executable, "-m", "batchclient.cli", "lm-eval", "--provider", "remote",
+        "--base-url", vllm_url, "--model", MODEL, "--tokenizer", str(bundled_model_path()),
+        "--state-dir", str(tmp_path / "state"), "--",
+        "--tasks", MC_TASK, "--include_path", str(tasks), "--limit", "8",
+        "--output_path", str(tmp_path / "out"), "--log_samples",
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics, samples = read_output(tmp_path / "out")
+    assert 0.0 <= metrics[MC_TASK]["acc,none"] <= 1.0 and len(samples[MC_TASK]) == 8
+    assert (tmp_path / "state" / "lm_eval.sqlite3").stat().st_mode & 0o077 == 0  # private

@@ -96,7 +96,10 @@ def lm_eval_command(args: argparse.Namespace) -> int:
             )
     if args.api_key:  # never on the command line: the model reads it from the environment
         os.environ["OPENAI_API_KEY"] = args.api_key
-    from ..integrations.lm_eval import run_lm_eval
+    try:
+        from ..integrations.lm_eval import run_lm_eval
+    except ImportError as exc:
+        raise ConfigurationError(str(exc)) from exc
 
     argv = ["run", "--model", "batchclient", "--model_args", model_args(args), *rest]
     return run_lm_eval(argv)

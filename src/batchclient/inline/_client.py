@@ -268,10 +268,12 @@ class VLLMProvider(Provider):
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         if request.endpoint is Endpoint.embeddings:
             return await _kinds.embed(engine, request.body, model, request_id, self._limiter)
-        body = request.body
-        if request.score_span is not None:
+        body, scoring = request.body, request.score_span is not None
+        if scoring:
             body = prompt_logprobs_body(body)
-        return await _kinds.complete(engine, body, model, request_id, self._limiter)
+        return await _kinds.complete(
+            engine, body, model, request_id, self._limiter, scoring=scoring
+        )
 
     def _plan_tools(
         self, engine: Engine, request: Request

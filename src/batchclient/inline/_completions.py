@@ -283,23 +283,24 @@ def legacy_logprobs(
 
 
 def prompt_logprobs_json(
-    steps: Sequence[Mapping[int, Any] | None], decode: Decode
+    steps: Sequence[Mapping[int, Any] | None], decode: Decode | None
 ) -> list[dict[str, Any] | None]:
     """vLLM's ``prompt_logprobs`` field: per prompt position None or ``{token id (text):
-    {"logprob", "rank", "decoded_token"}}``."""
-    return [
-        None
-        if step is None
-        else {
-            str(tid): {
-                "logprob": _clamp(float(lp.logprob)),
-                "rank": getattr(lp, "rank", None),
-                "decoded_token": _decoded(step, tid, decode),
-            }
-            for tid, lp in step.items()
-        }
-        for step in steps
-    ]
+    {"logprob", "rank", "decoded_token"}}`` (without ``decoded_token`` when ``decode`` is
+    None)."""
+    out: list[dict[str, Any] | None] = []
+    for step in steps:
+        if step is None:
+            out.append(None)
+            continue
+        entry: dict[str, Any] = {}
+        for tid, lp in step.items():
+            item = {"logprob": _clamp(float(lp.logprob)), "rank": getattr(lp, "rank", None)}
+            if decode is not None:
+                item["decoded_token"] = _decoded(step, tid, decode)
+            entry[str(tid)] = item
+        out.append(entry)
+    return out
 
 
 def completion_object(

@@ -75,12 +75,25 @@ def _tokens(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool) -
 
 
 async def complete(
-    engine: Engine, body: dict[str, Any], model: str, request_id: str, limiter: Any
+    engine: Engine,
+    body: dict[str, Any],
+    model: str,
+    request_id: str,
+    limiter: Any,
+    *,
+    scoring: bool = False,
 ) -> Result:
-    """Run one ``/v1/completions`` body; the result's body is a ``Completion`` object."""
+    """Run one ``/v1/completions`` body; the result's body is a ``Completion`` object.
+
+    ``scoring``: a scoring request of the client's own (nobody reads its text), so nothing is
+    detokenised and ``prompt_logprobs`` carry no ``decoded_token``: the text of every prompt
+    position is most of the front end's work otherwise (lm-evaluation-harness's ``vllm``
+    backend skips it the same way, ``detokenize=False``)."""
     llm = engine.llm
     try:
         plan = map_completion_body(body, engine.sampling_defaults)
+        if scoring:
+            plan.sampling["detokenize"] = False
         tokenizer = llm.get_tokenizer()
         ids = _tokens(tokenizer, plan.prompt, plan.add_special_tokens)
         if not ids:
@@ -101,7 +114,9 @@ async def complete(
             return _error(exc)
     if final is None or not final.outputs:
         return failed(ErrorCode.engine_error, "the engine finished without an output")
-    body_out = _completion_body(plan, ids, final, request_id, model, started_wall, tokenizer)
+    body_out = _completion_body(
+        plan, ids, final, request_id, model, started_wall, None if scoring else tokenizer
+    )
     return Result(
         status_code=200,
         body=body_out,
@@ -119,8 +134,10 @@ def _completion_body(
     started_wall: float,
     tokenizer: Any,
 ) -> dict[str, Any]:
+    """The ``Completion`` object; without a ``tokenizer`` (scoring) tokens have no text."""
+
     def decode(token_id: int) -> str:
-        return str(tokenizer.decode([token_id]))
+        return "" if tokenizer is None else str(tokenizer.decode([token_id]))
 
     output = final.outputs[0]
     prompt_steps = list(final.prompt_logprobs or [])
@@ -147,7 +164,9 @@ def _completion_body(
         completion_tokens=len(output.token_ids),
         logprobs=logprobs,
         prompt_logprobs=(
-            prompt_logprobs_json(prompt_steps, decode) if plan.prompt_logprobs is not None else None
+            prompt_logprobs_json(prompt_steps, decode if tokenizer is not None else None)
+            if plan.prompt_logprobs is not None
+            else None
         ),
     )
 

@@ -14,6 +14,13 @@ Importing this module registers :class:`BatchClientLM` with lm-eval as ``batchcl
   backend fixed for CPU builds of vLLM (:func:`fix_vllm_version_lookup`).
 """
 
+try:
+    import lm_eval  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the eval extra is not installed
+    raise ImportError(
+        f"batchclient.integrations.lm_eval needs lm-eval: pip install 'batchclient[eval]' ({exc})"
+    ) from exc
+
 from ._cli import fix_vllm_version_lookup, run_lm_eval
 from ._model import BatchClientLM, close_all
 

@@ -323,6 +323,8 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
             bar = tqdm(total=len(missing), desc=desc)
 
             def progress(p: BatchProgress) -> None:
+                if p.total and bar.total != p.total:  # rolling: windows, not texts
+                    bar.total = p.total
                 bar.n = p.done
                 bar.refresh()
 
