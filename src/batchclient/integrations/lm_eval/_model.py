@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio.from_thread
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import (
@@ -51,20 +50,12 @@ from ...types import (
     TopPSamplingStrategy,
 )
 from ._results import ResultStore, request_key
+from ._session import ClientSession, client_factory
 
 __all__ = ["BatchClientLM"]
 
 _LM_EVAL_ONLY = ("batch_size", "max_batch_size", "device")  # lm-eval passes them to every model
 _OPEN: weakref.WeakSet[BatchClientLM] = weakref.WeakSet()
-
-
-def _remote_base(url: str) -> str:
-    """An API root ending in ``/v1`` from what users of lm-eval's ``local-completions`` give
-    (``.../v1/completions`` or ``.../v1/chat/completions``)."""
-    url = url.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        url = url.removesuffix(suffix)
-    return url
 
 
 @register_model("batchclient")
@@ -115,62 +106,30 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         self.max_gen_toks = int(max_gen_toks)
         self._state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
         self._store = ResultStore(self._state_dir) if cache else None
-        self._borrowed = client
-        if client is None:
-            self._make_client = self._client_factory(
-                provider, model, base_url, api_key, tokenizer, max_concurrency, timeout,
-                max_retries, engine_args,
-            )  # fmt: skip
+        if client is not None:
+            self._session = ClientSession(borrowed=client)
+        else:
+            make = client_factory(
+                provider,
+                model,
+                base_url=base_url,
+                api_key=api_key,
+                tokenizer=tokenizer,
+                max_concurrency=max_concurrency,
+                timeout=timeout,
+                max_retries=max_retries,
+                state_dir=self._state_dir,
+                engine_args=engine_args,
+            )
+            self._session = ClientSession(make)
         if provider == "vllm":
             served = engine_args.get("served_model_name")
             self.model = str(served or (model if model is not None else BUNDLED_MODEL_NAME))
         else:
             self.model = str(model)
         self._tokenizer_arg = tokenizer
-        self._stack: contextlib.ExitStack | None = None
-        self._client: BatchClient | None = None
-        self._portal: anyio.from_thread.BlockingPortal | None = None
         self._hf: Any = None
         _OPEN.add(self)
-
-    def _client_factory(
-        self,
-        provider: str,
-        model: str | None,
-        base_url: str | None,
-        api_key: str | None,
-        tokenizer: str | None,
-        max_concurrency: int | None,
-        timeout: float,
-        max_retries: int,
-        engine_args: dict[str, Any],
-    ) -> Callable[[], BatchClient]:
-        state_dir = self._state_dir
-        if provider == "remote":
-            if not base_url or not model:
-                raise ConfigurationError("provider=remote needs base_url=... and model=...")
-            from ...remote import RemoteBatchInference
-
-            key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-            return lambda: RemoteBatchInference(
-                _remote_base(base_url),
-                key or None,
-                max_concurrency=max_concurrency or 64,
-                timeout=float(timeout),
-                max_retries=int(max_retries),
-                tokenizer=tokenizer,
-                state_dir=state_dir,
-            )
-        if provider != "vllm":
-            raise ConfigurationError(f"provider must be 'vllm' or 'remote', not {provider!r}")
-        if base_url or tokenizer:
-            raise ConfigurationError("base_url and tokenizer are for provider=remote")
-        from ...inline import VLLMBatchInference
-
-        window = int(max_concurrency) if max_concurrency else 1024
-        return lambda: VLLMBatchInference(
-            model, max_concurrency=window, state_dir=state_dir, **engine_args
-        )
 
     @classmethod
     def for_client(
@@ -204,36 +163,15 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
     # ------------------------------------------------------------------ lifecycle
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` (async) on the client's event loop, from lm-eval's thread."""
-        if self._borrowed is not None:
-            return anyio.from_thread.run(fn, *args)
-        portal, _ = self._open()
-        return portal.call(fn, *args)
+        return self._session.call(fn, *args)
 
     def _the_client(self) -> BatchClient:
-        return self._borrowed if self._borrowed is not None else self._open()[1]
-
-    def _open(self) -> tuple[anyio.from_thread.BlockingPortal, BatchClient]:
-        if self._portal is not None and self._client is not None:
-            return self._portal, self._client
-        stack = contextlib.ExitStack()
-        try:
-            portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
-            client = portal.call(self._make_client)
-            stack.enter_context(portal.wrap_async_context_manager(client))
-        except BaseException:
-            stack.close()
-            raise
-        self._stack, self._portal, self._client = stack, portal, client
-        return portal, client
+        return self._session.client
 
     def close(self) -> None:
         """Stop the client (an inline engine is shut down) and commit every answer."""
-        stack, self._stack = self._stack, None
-        self._portal = self._client = None
         try:
-            if stack is not None:
-                stack.close()
+            self._session.close()
         finally:
             if self._store is not None:
                 self._store.flush()
