@@ -3,7 +3,8 @@ started once per test session.
 
 Set ``BATCHCLIENT_TEST_BASE_URL`` (e.g. ``http://127.0.0.1:8000/v1``) to run the server tests
 against a server that is already running (it must serve the bundled model as ``smollm2`` with
-``--max-model-len 2048 --enable-auto-tool-choice --tool-call-parser hermes``) instead of
+``--max-model-len 2048 --enable-auto-tool-choice --tool-call-parser hermes``, and
+``--enable-tokenizer-info-endpoint`` for the scoring tests over its ``/tokenize``) instead of
 starting one.
 """
 
@@ -33,7 +34,10 @@ def vllm_url() -> Iterator[str]:
         yield given.rstrip("/")
         return
     with vllm_server(
-        max_model_len=2048, enable_auto_tool_choice=True, tool_call_parser="hermes"
+        max_model_len=2048,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        enable_tokenizer_info_endpoint=True,
     ) as url:
         yield url
 
@@ -44,6 +48,20 @@ async def inline_client() -> AsyncIterator[VLLMBatchInference]:
     2048, a 1 GiB KV cache so it fits next to the server), shared by the whole session."""
     async with VLLMBatchInference(
         max_concurrency=INLINE_MAX_CONCURRENCY, kv_cache_memory_bytes=1 << 30
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+async def pooling_client() -> AsyncIterator[VLLMBatchInference]:
+    """An open embedding engine on the bundled model (``runner="pooling", convert="embed"``,
+    ``max_model_len`` 1024, a 256 MiB KV cache), shared by the session."""
+    async with VLLMBatchInference(
+        runner="pooling",
+        convert="embed",
+        max_model_len=1024,
+        max_concurrency=64,
+        kv_cache_memory_bytes=256 << 20,
     ) as client:
         yield client
 

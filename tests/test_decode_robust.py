@@ -15,7 +15,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchclient import RemoteBatchInference
+from batchclient import Endpoint, RemoteBatchInference
 from batchclient._core.decode import LOGPROB_FLOOR, http_error, load_json, to_response
 from batchclient._core.request import Request
 from batchclient.inline._mapping import completion_body, logprobs_content
@@ -147,7 +147,7 @@ def test_remote_decode_path_never_raises(value: Any, shape: str, garbage: bytes)
         value = {"choices": [{"message": value, "logprobs": value}], "usage": value}
     redactor = Redactor({"sk-secret-key"})
     for raw in (as_body(value), as_body(value) + garbage):
-        result = _parse_success(200, raw, None, redactor)
+        result = _parse_success(200, raw, None, redactor, Endpoint.chat_completions)
         if result.body is not None:
             orjson.dumps(result.body)  # what is kept can be written back as strict JSON
         for request in REQUESTS:

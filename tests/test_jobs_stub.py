@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from batchclient import (
+    BatchChatCompletionResponse,
     BatchClient,
     ErrorCode,
     FileNotFoundInStoreError,
@@ -76,6 +77,7 @@ async def test_job_end_to_end_output_in_openai_format(tmp_path: Path) -> None:
         assert row["response"]["status_code"] == 200
         assert row["response"]["body"]["choices"][0]["message"]["content"] == f"echo: TOKEN-{i}"
     # every custom_id once, each with its own answer, in input order
+    assert isinstance(result, BatchChatCompletionResponse)
     assert [r.custom_id for r in result.batch] == [f"r{i}" for i in range(60)]
     assert all(r.text == f"echo: TOKEN-{i}" for i, r in enumerate(result.batch))
     assert [j.id for j in listed] == [job.id]

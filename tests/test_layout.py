@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, int]] = [
     ("inline", 9),
     ("server", 10),  # over any provider and the jobs; no provider of its own
     ("testing", 11),
+    ("integrations", 11),
     ("cli", 12),
     ("", 13),  # the package's __init__
 ]

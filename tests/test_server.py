@@ -299,6 +299,16 @@ def test_models_and_one_request_through_the_same_provider(url: str, key: str) ->
     assert streamed.value.param == "stream"
 
 
+def test_text_completions_and_embeddings_pass_through_when_the_provider_serves_them(
+    url: str, key: str
+) -> None:
+    client = sdk(url, key)
+    text = client.completions.create(model="smollm2", prompt="once upon", max_tokens=8)
+    assert text.choices[0].text == "echo: once upon"
+    vectors = client.embeddings.create(model="smollm2", input=["a cat", "a dog"])
+    assert [e.index for e in vectors.data] == [0, 1] and len(vectors.data[0].embedding) > 0
+
+
 def test_the_original_routes(url: str, key: str, servers: Servers) -> None:
     a = key
     client = http(url, a)
@@ -433,7 +443,7 @@ BAD_INPUT = [
     ("POST", "/v1/chat/completions", dict(CHAT, messages=[]), None, 400, "messages"),
     ("POST", "/v1/chat/completions", dict(CHAT, stream=True), None, 400, "stream"),
     ("POST", "/v1/chat/completions", dict(CHAT, model="gpt-9"), None, 404, "model"),
-    ("POST", "/v1/completions", {"model": "smollm2", "prompt": "x"}, None, 404, None),
+    ("POST", "/v1/responses", {"model": "smollm2", "input": "x"}, None, 404, None),
     ("GET", "/v1/models/gpt-9", None, None, 404, "model"),
     ("GET", "/v1/nowhere", None, None, 404, None),
     ("DELETE", "/v1/models", None, None, 405, None),

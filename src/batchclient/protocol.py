@@ -2,26 +2,39 @@
 
 The five calls of the original "Batch Inference Support" request to Llama Stack
 (``batch_chat_completion``, ``schedule_batch``, ``job_status``, ``job_cancel``, ``job_result``),
-plus ``files`` and ``batches`` (OpenAI's Files and Batches APIs in spirit). Every client
+plus ``files`` and ``batches`` (OpenAI's Files and Batches APIs in spirit), Llama Stack's
+``batch_completion``, the scoring calls evals need (``batch_loglikelihood``,
+``batch_loglikelihood_rolling``: lm-evaluation-harness's ``loglikelihood`` requests) and
+``batch_embeddings``. Every client
 (``BatchClient`` over any provider, ``RemoteBatchInference``, ``VLLMBatchInference``)
 implements it, so eval code swaps providers by changing one constructor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack, runtime_checkable
 
 from .types import (
     BatchChatCompletionResponse,
+    BatchCompletionResponse,
+    BatchEmbeddingsResponse,
+    BatchLoglikelihoodResponse,
     BatchOptions,
+    BatchResponse,
+    CompletionResponse,
+    EmbeddingResponse,
+    EncodingFormat,
+    InterleavedContent,
     Job,
     JobStatus,
+    LoglikelihoodResponse,
     LogProbConfig,
     MessageLike,
     ProgressCallback,
     ResponseFormatArg,
     SamplingParams,
+    ScoringRequest,
     ToolChoice,
     ToolDefinition,
     ToolPromptFormat,
@@ -105,6 +118,131 @@ class BatchInference(Protocol):
         """
         ...
 
+    async def batch_completion(
+        self,
+        model: str,
+        content_batch: Sequence[InterleavedContent],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        response_format: ResponseFormatArg | Sequence[ResponseFormatArg] = None,
+        logprobs: LogProbConfig | Sequence[LogProbConfig | None] | None = None,
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, CompletionResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchCompletionResponse:
+        """Run one text completion (``/v1/completions``, no chat template) per prompt; return
+        the answers in input order (Llama Stack's ``batch_completion``).
+
+        Args:
+            model: as for :meth:`batch_chat_completion`.
+            content_batch: one prompt per item (text; ``TextContentItem`` lists are joined).
+            sampling_params: one for all items or one per item. ``max_tokens=0`` leaves the
+                endpoint's default, which for completions is 16 tokens (OpenAI, vLLM servers
+                and the inline engine alike).
+            response_format: a JSON schema or grammar per item or for all (vLLM endpoints and
+                the inline engine honour it on completions; OpenAI's does not).
+            logprobs: ``top_k`` alternatives per generated token, per item or for all.
+            custom_ids, progress, raise_on_error: as for :meth:`batch_chat_completion`.
+            on_item: called with ``(index, item)`` as each item finishes (in completion order,
+                on the event loop; keep it quick), e.g. to store results as they come. An
+                exception it raises ends the call. The same for every call below.
+
+        Returns:
+            ``BatchCompletionResponse`` whose ``batch[i]`` answers ``content_batch[i]``
+            (``content``, ``stop_reason``, ``logprobs``, ``metrics``, or ``error``).
+
+        Raises:
+            ClientClosedError, ModelNotFoundError, BatchFailedError: as for chat.
+            ConfigurationError: lists not aligned with ``content_batch``, or a provider that
+                does not serve ``/v1/completions`` (an inline pooling engine).
+        """
+        ...
+
+    async def batch_loglikelihood(
+        self,
+        model: str,
+        requests: Sequence[ScoringRequest],
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchLoglikelihoodResponse:
+        """Score each continuation given its context (lm-evaluation-harness's
+        ``loglikelihood``); return the scores in input order.
+
+        Each request is ``(context, continuation)`` as text, tokenised as
+        lm-evaluation-harness does (``docs/evals.md``), or as two lists of token ids. One
+        ``/v1/completions`` request per pair asks for the prompt's log-probabilities (vLLM's
+        ``prompt_logprobs`` on vLLM endpoints and inline).
+
+        Returns:
+            ``BatchLoglikelihoodResponse``: per request ``logprob`` (natural-log sum over the
+            continuation's tokens), ``is_greedy``, ``num_tokens``, or ``error``:
+            ``invalid_request`` for an empty continuation (or an empty context without a
+            prefix token), ``context_length_exceeded`` when context + continuation + 1 token
+            is over the model's context (the context is never shortened),
+            ``model_not_found`` when the model is only found missing per request.
+
+        Raises:
+            ConfigurationError: text requests and no tokenizer (remote: neither
+                ``tokenizer=`` nor a ``/tokenize`` route on the server), ``custom_ids`` not
+                aligned, or no ``/v1/completions`` on this provider.
+            ClientClosedError, ModelNotFoundError, BatchFailedError: as for chat.
+        """
+        ...
+
+    async def batch_loglikelihood_rolling(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchLoglikelihoodResponse:
+        """Score each whole text, for perplexity (lm-evaluation-harness's
+        ``loglikelihood_rolling``): the text is cut into windows of the model's context, each
+        scored given the tokens before it, and summed. Returns one score per text, in input
+        order (``num_tokens`` is the text's token count). Errors and raises as
+        :meth:`batch_loglikelihood`; the tokenizer must give a BOS or EOS token."""
+        ...
+
+    async def batch_embeddings(
+        self,
+        model: str,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        encoding_format: EncodingFormat = "float",
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, EmbeddingResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchEmbeddingsResponse:
+        """Embed each input (``/v1/embeddings``, one request per input); return the vectors in
+        input order.
+
+        Args:
+            inputs: texts, or lists of token ids.
+            encoding_format: ``"float"`` (a list of floats) or ``"base64"`` (the base64 text
+                of little-endian float32, as OpenAI returns it; ``EmbeddingResponse.vector``
+                decodes it).
+
+        Returns:
+            ``BatchEmbeddingsResponse``: per input ``embedding`` (and ``prompt_tokens`` in
+            ``metrics``) or ``error`` (``invalid_request`` for an empty input,
+            ``context_length_exceeded`` for an input over the model's context).
+
+        Raises:
+            ConfigurationError: a bad ``encoding_format``, or a provider without
+                ``/v1/embeddings`` (inline: the engine must be a pooling one,
+                ``VLLMBatchInference(runner="pooling", convert="embed")``).
+            ClientClosedError, ModelNotFoundError, BatchFailedError: as for chat.
+        """
+        ...
+
     async def schedule_batch(self, file_id: str, **options: Unpack[BatchOptions]) -> Job:
         """Validate an uploaded OpenAI batch JSONL file and run it in the background.
 
@@ -123,9 +261,11 @@ class BatchInference(Protocol):
         """Stop the job, keeping every finished result (``batches.cancel``)."""
         ...
 
-    async def job_result(self, job_id: str) -> BatchChatCompletionResponse:
+    async def job_result(self, job_id: str) -> BatchResponse:
         """One item per input line, in input order, each with its ``custom_id``; failed lines
-        carry ``error``.
+        carry ``error``. The type follows the batch's endpoint: ``BatchChatCompletionResponse``
+        (``/v1/chat/completions``), ``BatchCompletionResponse`` (``/v1/completions``) or
+        ``BatchEmbeddingsResponse`` (``/v1/embeddings``).
 
         Raises:
             JobNotFoundError: unknown job.

@@ -13,7 +13,10 @@ Plain OpenAI-style dict messages (``{"role": "user", "content": "..."}``) are ac
 
 from __future__ import annotations
 
+import array
+import base64
 import json
+import sys
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypedDict
@@ -23,16 +26,23 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 __all__ = [
     "Batch",
     "BatchChatCompletionResponse",
+    "BatchCompletionResponse",
+    "BatchEmbeddingsResponse",
     "BatchError",
     "BatchErrors",
     "BatchItemError",
+    "BatchLoglikelihoodResponse",
     "BatchOptions",
     "BatchProgress",
     "BatchRequestCounts",
+    "BatchResponse",
     "BatchStatus",
     "BatchUsage",
     "ChatCompletionResponse",
     "CompletionMessage",
+    "CompletionResponse",
+    "EmbeddingResponse",
+    "EncodingFormat",
     "Endpoint",
     "FileDeleted",
     "FileObject",
@@ -45,6 +55,7 @@ __all__ = [
     "JobStatus",
     "JsonSchemaResponseFormat",
     "LogProbConfig",
+    "LoglikelihoodResponse",
     "Message",
     "MessageLike",
     "MetricInResponse",
@@ -54,6 +65,7 @@ __all__ = [
     "ResponseFormatArg",
     "SamplingParams",
     "SamplingStrategy",
+    "ScoringRequest",
     "StopReason",
     "SystemMessage",
     "TextContentItem",
@@ -406,6 +418,137 @@ class BatchChatCompletionResponse(_Model):
     def errors(self) -> list[tuple[int, BatchItemError]]:
         """(index, error) for every failed item."""
         return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+
+class CompletionResponse(_Model):
+    """The answer to one prompt of ``batch_completion`` (Llama Stack's ``CompletionResponse``):
+    ``content`` is the generated text, ``logprobs`` one entry per generated token when asked
+    for. A failed item has ``error`` set, ``content`` empty and ``stop_reason`` None."""
+
+    content: str = ""
+    stop_reason: StopReason | None = None
+    logprobs: list[TokenLogProbs] | None = None
+    metrics: list[MetricInResponse] | None = None
+    error: BatchItemError | None = None
+    custom_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def metric(self, name: str) -> float | None:
+        """The value of the metric called ``name``, or None."""
+        return next((m.value for m in self.metrics or () if m.metric == name), None)
+
+
+class BatchCompletionResponse(_Model):
+    """``batch`` has exactly one entry per input prompt, in input order (Llama Stack's
+    ``BatchCompletionResponse``)."""
+
+    batch: list[CompletionResponse]
+
+    @property
+    def errors(self) -> list[tuple[int, BatchItemError]]:
+        """(index, error) for every failed item."""
+        return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+
+class LoglikelihoodResponse(_Model):
+    """The score of one continuation (lm-evaluation-harness's ``loglikelihood`` answer).
+
+    ``logprob`` is the sum of the natural-log probabilities of the continuation's tokens given
+    everything before them; ``is_greedy`` whether each of those tokens is the model's most
+    likely next token (greedy decoding would produce the continuation); ``num_tokens`` how many
+    tokens were scored. For ``batch_loglikelihood_rolling`` the continuation is the whole text.
+    A failed item has ``error`` set and the three figures None.
+    """
+
+    logprob: float | None = None
+    is_greedy: bool | None = None
+    num_tokens: int | None = None
+    error: BatchItemError | None = None
+    custom_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class BatchLoglikelihoodResponse(_Model):
+    """``batch`` has exactly one entry per input request (or text), in input order."""
+
+    batch: list[LoglikelihoodResponse]
+
+    @property
+    def errors(self) -> list[tuple[int, BatchItemError]]:
+        """(index, error) for every failed item."""
+        return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+
+class EmbeddingResponse(_Model):
+    """The embedding of one input (an OpenAI ``Embedding``'s vector).
+
+    ``embedding`` is a list of floats, or with ``encoding_format="base64"`` the base64 text of
+    the little-endian float32 array, exactly as OpenAI's ``/v1/embeddings`` returns it;
+    :attr:`vector` gives the floats either way. ``metrics`` has ``prompt_tokens``. A failed
+    item has ``error`` set and ``embedding`` None.
+    """
+
+    embedding: list[float] | str | None = None
+    metrics: list[MetricInResponse] | None = None
+    error: BatchItemError | None = None
+    custom_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def vector(self) -> list[float]:
+        """The embedding as floats (decoded from base64 when it came that way); [] on error."""
+        value = self.embedding
+        if value is None:
+            return []
+        if isinstance(value, str):
+            raw = base64.b64decode(value)
+            floats = array.array("f", raw)
+            if sys.byteorder == "big":  # OpenAI's base64 is little-endian float32
+                floats.byteswap()
+            return floats.tolist()
+        return list(value)
+
+    def metric(self, name: str) -> float | None:
+        """The value of the metric called ``name``, or None."""
+        return next((m.value for m in self.metrics or () if m.metric == name), None)
+
+
+class BatchEmbeddingsResponse(_Model):
+    """``batch`` has exactly one entry per input, in input order (Llama Stack's
+    ``EmbeddingsResponse``, one item per input with its own error)."""
+
+    batch: list[EmbeddingResponse]
+
+    @property
+    def errors(self) -> list[tuple[int, BatchItemError]]:
+        """(index, error) for every failed item."""
+        return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+    @property
+    def embeddings(self) -> list[list[float]]:
+        """Every item's vector in input order ([] for a failed item)."""
+        return [r.vector for r in self.batch]
+
+
+BatchResponse = BatchChatCompletionResponse | BatchCompletionResponse | BatchEmbeddingsResponse
+"""A job's results (``job_result``), by the batch's endpoint: chat completions, completions or
+embeddings."""
+
+ScoringRequest = tuple[str, str] | tuple[list[int], list[int]]
+"""One ``batch_loglikelihood`` request: ``(context, continuation)`` as text, or as token ids
+already encoded (then no tokenizer is needed)."""
+
+EncodingFormat = Literal["float", "base64"]
+"""How embeddings come back (OpenAI's ``encoding_format``)."""
 
 
 class BatchProgress(_Model):

@@ -15,27 +15,47 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
-from ..errors import BatchFailedError, ClientClosedError
+from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
 from ..jobs import Batches, Files, JobManager, default_state_dir
 from ..types import (
     BatchChatCompletionResponse,
+    BatchCompletionResponse,
+    BatchEmbeddingsResponse,
+    BatchLoglikelihoodResponse,
     BatchOptions,
+    BatchResponse,
+    CompletionResponse,
+    EmbeddingResponse,
+    EncodingFormat,
+    Endpoint,
+    InterleavedContent,
     Job,
     JobStatus,
+    LoglikelihoodResponse,
     LogProbConfig,
     MessageLike,
     ProgressCallback,
     ResponseFormatArg,
     SamplingParams,
+    ScoringRequest,
     ToolChoice,
     ToolDefinition,
     ToolPromptFormat,
 )
+from .completions import completion_requests, to_completion_response
 from .decode import to_response
+from .embeddings import embedding_requests, to_embedding_response
 from .encode import chat_requests
 from .provider import Provider
 from .request import Request, Result
 from .scheduler import ProgressTracker, run_requests
+from .scoring import (
+    combine_windows,
+    encode_pairs,
+    loglikelihood_requests,
+    rolling_requests,
+    to_loglikelihood,
+)
 
 __all__ = ["BatchClient"]
 
@@ -155,15 +175,136 @@ class BatchClient:
             raise BatchFailedError(response, response.errors)
         return response
 
+    async def batch_completion(
+        self,
+        model: str,
+        content_batch: Sequence[InterleavedContent],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        response_format: ResponseFormatArg | Sequence[ResponseFormatArg] = None,
+        logprobs: LogProbConfig | Sequence[LogProbConfig | None] | None = None,
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, CompletionResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchCompletionResponse:
+        """Run one text completion per prompt; return the answers in input order.
+
+        See :meth:`batchclient.BatchInference.batch_completion`."""
+        self._manager()
+        self._serves(Endpoint.completions)
+        requests = completion_requests(
+            model, content_batch, sampling_params, response_format, logprobs, custom_ids
+        )
+        await self.provider.check_model(model)
+        n = len(content_batch)
+        batch = await self._run(requests, n, to_completion_response, progress, on_item)
+        return _checked(BatchCompletionResponse(batch=batch), raise_on_error)
+
+    async def batch_loglikelihood(
+        self,
+        model: str,
+        requests: Sequence[ScoringRequest],
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchLoglikelihoodResponse:
+        """Score each continuation given its context; return the scores in input order.
+
+        See :meth:`batchclient.BatchInference.batch_loglikelihood`."""
+        self._manager()
+        self._serves(Endpoint.completions)
+        n = len(requests)
+        if custom_ids is not None and len(custom_ids) != n:
+            raise ConfigurationError(f"custom_ids has {len(custom_ids)} entries for {n} requests")
+        await self.provider.check_model(model)
+        texts = any(isinstance(x, str) for r in requests if isinstance(r, tuple | list) for x in r)
+        tokenizer = await self.provider.tokenizer(model) if texts else None
+        encoded = await encode_pairs(requests, tokenizer)
+        limit = (await tokenizer.info()).max_model_len if tokenizer is not None else None
+        scoring = loglikelihood_requests(model, encoded, limit, custom_ids)
+        batch = await self._run(scoring, n, to_loglikelihood, progress, on_item)
+        return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
+
+    async def batch_loglikelihood_rolling(
+        self,
+        model: str,
+        texts: Sequence[str],
+        *,
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchLoglikelihoodResponse:
+        """Score each whole text (perplexity); return the scores in input order.
+
+        See :meth:`batchclient.BatchInference.batch_loglikelihood_rolling`."""
+        self._manager()
+        self._serves(Endpoint.completions)
+        if custom_ids is not None and len(custom_ids) != len(texts):
+            raise ConfigurationError(
+                f"custom_ids has {len(custom_ids)} entries for {len(texts)} texts"
+            )
+        await self.provider.check_model(model)
+        tokenizer = await self.provider.tokenizer(model)
+        windows, owners = await rolling_requests(model, texts, tokenizer, custom_ids)
+        owner = {j: i for i, mine in enumerate(owners) for j in mine}
+        left = [len(mine) for mine in owners]
+        parts: dict[int, LoglikelihoodResponse] = {}
+
+        def window_done(j: int, part: LoglikelihoodResponse) -> None:
+            parts[j] = part
+            i = owner[j]
+            left[i] -= 1
+            if left[i] == 0 and on_item is not None:
+                on_item(i, combine_windows([parts[k] for k in owners[i]]))
+
+        await self._run(windows, len(windows), to_loglikelihood, progress, window_done)
+        batch = [combine_windows([parts[j] for j in mine]) for mine in owners]
+        return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
+
+    async def batch_embeddings(
+        self,
+        model: str,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        encoding_format: EncodingFormat = "float",
+        custom_ids: Sequence[str] | None = None,
+        progress: ProgressCallback | None = None,
+        on_item: Callable[[int, EmbeddingResponse], None] | None = None,
+        raise_on_error: bool = False,
+    ) -> BatchEmbeddingsResponse:
+        """Embed each input; return the vectors in input order.
+
+        See :meth:`batchclient.BatchInference.batch_embeddings`."""
+        self._manager()
+        self._serves(Endpoint.embeddings)
+        requests = embedding_requests(model, inputs, encoding_format, custom_ids)
+        await self.provider.check_model(model)
+        batch = await self._run(requests, len(inputs), to_embedding_response, progress, on_item)
+        return _checked(BatchEmbeddingsResponse(batch=batch), raise_on_error)
+
+    def _serves(self, endpoint: Endpoint) -> None:
+        if endpoint not in self.provider.endpoints:
+            served = ", ".join(sorted(e.value for e in self.provider.endpoints))
+            raise ConfigurationError(
+                f"{type(self.provider).__name__} does not serve {endpoint.value} "
+                f"(it serves {served})"
+            )
+
     async def _run(
         self,
         requests: Iterable[Request],
         n: int,
         decode: Callable[[Request, Result], R],
         progress: ProgressCallback | None,
+        on_item: Callable[[int, R], None] | None = None,
     ) -> list[R]:
         """Run ``n`` requests (indexes ``0..n-1``) through the provider; ``decode`` each result
-        into its slot. Every slot is filled: the primitive reports every request once."""
+        into its slot (and hand it to ``on_item`` as it finishes). Every slot is filled: the
+        primitive reports every request once."""
         provider = self.provider
         results: list[R | None] = [None] * n
         tracker = ProgressTracker(
@@ -181,6 +322,8 @@ class BatchClient:
             item = decode(request, result)
             results[request.index] = item
             tracker.record(result, getattr(item, "error", None) is None)
+            if on_item is not None:
+                on_item(request.index, item)
 
         await run_requests(execute, requests, window=provider.window(), on_result=on_result)
         tracker.finish()
@@ -204,6 +347,15 @@ class BatchClient:
         """Stop the job, keeping every finished result; see ``batches.cancel``."""
         await self.batches.cancel(job_id)
 
-    async def job_result(self, job_id: str) -> BatchChatCompletionResponse:
+    async def job_result(self, job_id: str) -> BatchResponse:
         """One item per input line, in input order, each with its ``custom_id``."""
         return await self._manager().result(job_id)
+
+
+_B = TypeVar("_B", BatchCompletionResponse, BatchLoglikelihoodResponse, BatchEmbeddingsResponse)
+
+
+def _checked(response: _B, raise_on_error: bool) -> _B:
+    if raise_on_error and response.errors:
+        raise BatchFailedError(response, response.errors)
+    return response

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import abc
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
+from ..errors import ConfigurationError
 from ..types import Endpoint
 from .request import Request, Result
+from .tokens import Tokenizer
 
 __all__ = ["Provider"]
 
@@ -26,9 +28,10 @@ class Provider(abc.ABC):
     context manager itself). ``execute`` may be called up to :meth:`window` times concurrently.
     """
 
-    endpoints: ClassVar[frozenset[Endpoint]] = frozenset({Endpoint.chat_completions})
+    endpoints: frozenset[Endpoint] = frozenset({Endpoint.chat_completions})
     """The endpoints whose requests :meth:`execute` can run (a batch file for another one is
-    refused at validation)."""
+    refused at validation; a call for another one raises ``ConfigurationError``). A class
+    attribute; a provider whose endpoints depend on its configuration sets it per instance."""
 
     async def start(self) -> None:  # noqa: B027 (optional hook: most providers need one)
         """Acquire what requests need (connections, an engine). Raise ``EndpointError`` or
@@ -61,6 +64,15 @@ class Provider(abc.ABC):
         """The names of the models this provider serves (``GET /v1/models`` of
         ``batchclient serve``); empty when it cannot tell. Default: empty."""
         return []
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """The tokenizer of ``model``, for the scoring calls (``batch_loglikelihood`` with text,
+        ``batch_loglikelihood_rolling``). Default: raises ``ConfigurationError`` (this provider
+        cannot tokenise; give token ids instead)."""
+        raise ConfigurationError(
+            f"{type(self).__name__} has no tokenizer for {model!r}: give the scoring requests "
+            "as token ids"
+        )
 
     def identity(self) -> dict[str, Any]:
         """What changes the answers (JSON-serialisable, never a secret): a job interrupted on

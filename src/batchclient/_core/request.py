@@ -30,8 +30,11 @@ class Request:
     item's position in its batch (a job's 0-based line sequence); ``custom_id`` the caller's id.
     The chat-only fields are never sent as such: ``response_schema`` and ``tool_schemas`` are
     what the answer is checked against, ``tool_prompt_format`` asks for tools written into the
-    prompt. ``error`` is set when the request was refused before dispatch (a malformed message):
-    it is reported without being executed.
+    prompt. ``score_span`` marks a scoring request (``/v1/completions`` over token ids, asking
+    for the prompt's log-probabilities): the ``(start, end)`` token positions of the prompt
+    whose log-probabilities are summed. ``error`` is set when the request was refused before
+    dispatch (a malformed message, an empty continuation): it is reported without being
+    executed.
     """
 
     index: int
@@ -41,6 +44,7 @@ class Request:
     response_schema: dict[str, Any] | None = None
     tool_schemas: dict[str, dict[str, Any]] | None = None
     tool_prompt_format: ToolPromptFormat | None = None
+    score_span: tuple[int, int] | None = None
     error: BatchItemError | None = None
 
 

@@ -10,9 +10,13 @@ manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
                     --provider remote --base-url URL | --provider vllm [--model M]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
+    batchclient lm-eval --provider remote --base-url URL --model NAME [--tokenizer DIR]
+                      | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
+                      -- <lm-eval arguments: --tasks ... --include_path ... --limit N>
 
-``run``, ``serve`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the
-user data directory). Subcommands register themselves in :data:`COMMANDS`; add one with a
+``run``, ``serve``, ``jobs`` and ``lm-eval`` take ``--state-dir`` (default
+``$BATCHCLIENT_STATE_DIR`` or the user data directory). Subcommands register themselves in
+:data:`COMMANDS`; add one with a
 function that takes the subparsers and the shared parent parser.
 """
 
@@ -111,7 +115,25 @@ def _add_serve(
     p.set_defaults(func=serve_command)
 
 
-COMMANDS: list[Register] = [_add_run, _add_serve, _add_jobs, _add_bench, _add_demo]
+def _add_lm_eval(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._lm_eval import add_lm_eval_arguments, lm_eval_command
+
+    p = sub.add_parser(
+        "lm-eval",
+        parents=[common],
+        help="run lm-evaluation-harness with batchclient as its model",
+        description="lm-evaluation-harness with `--model batchclient` over the remote or "
+        "inline provider; arguments after `--` go to lm-eval unchanged. Answers are kept in "
+        "the state directory: a re-run of the same eval sends nothing. Needs the eval extra "
+        "(pip install 'batchclient[eval]'). Guide: docs/evals.md.",
+    )
+    add_lm_eval_arguments(p)
+    p.set_defaults(func=lm_eval_command)
+
+
+COMMANDS: list[Register] = [_add_run, _add_serve, _add_jobs, _add_bench, _add_demo, _add_lm_eval]
 """Subcommand registrars, in help order."""
 
 

@@ -1,5 +1,7 @@
 """``batchclient run``: one OpenAI batch file through a provider, with a live progress bar, durable
-and resumable.
+and resumable. The batch's endpoint (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``) is the ``url`` of the file's first line; every line must use it (OpenAI's
+rule: one endpoint per file).
 
 Resume key: the SHA-256 of the input's bytes plus the provider's identity (remote: base URL;
 inline: the model), content and configuration only (curator #143 keyed on in-memory
@@ -38,7 +40,8 @@ from rich.progress import (
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from ..errors import ConfigurationError
-from ..types import Batch
+from ..jobs._validate import is_blank, iter_lines, parse_line
+from ..types import Batch, Endpoint
 
 RUN_KEY = "batchclient_run"
 _ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -200,14 +203,16 @@ async def _run(client: BatchClient, args: argparse.Namespace, console: Console) 
         else:
             reuse = latest.id if latest is not None and latest.status != "failed" else None
             record = await client.files.create(args.input)
+            endpoint = await anyio.to_thread.run_sync(_endpoint_of, args.input)
             job_id = (
-                await client.schedule_batch(
+                await client.batches.create(
                     record.id,
+                    endpoint=endpoint,
                     completion_window=args.completion_window,
                     metadata={RUN_KEY: key},
                     reuse_results_from=reuse,
                 )
-            ).job_id
+            ).id
             note = f", reusing the successful results of {reuse}" if reuse else ""
             console.print(f"started job {job_id}{note}")
         job = await _follow(client, job_id, console, show=not args.no_progress)
@@ -249,6 +254,19 @@ async def _follow(client: BatchClient, job_id: str, console: Console, *, show: b
                 return job
             await anyio.sleep(0.25)
             job = await client.batches.retrieve(job_id)
+
+
+def _endpoint_of(path: Path) -> str:
+    """The batch's endpoint: the ``url`` of the file's first request line when it names one of
+    the OpenAI batch endpoints (validation then holds every line to it), else chat."""
+    with path.open("rb") as f:
+        for _, raw in iter_lines(f):
+            if raw is None or is_blank(raw):
+                continue
+            obj, _problem = parse_line(raw)
+            url = obj.get("url") if obj is not None else None
+            return url if url in {e.value for e in Endpoint} else Endpoint.chat_completions.value
+    return Endpoint.chat_completions.value
 
 
 def _sha256(path: Path) -> str:

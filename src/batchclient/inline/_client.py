@@ -24,6 +24,8 @@ import anyio
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.scoring import prompt_logprobs_body
+from .._core.tokens import HFTokenizer, Tokenizer
 from .._logs import is_verbose, vllm_logging
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import (
@@ -34,10 +36,14 @@ from ..errors import (
     ModelNotFoundError,
 )
 from ..models import BUNDLED_MODEL_NAME, resolve_model
+from ..types import Endpoint
 from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body, resolve_max_tokens
 
 if TYPE_CHECKING:
     from ._engine import Engine
+
+_GENERATE = frozenset({Endpoint.chat_completions, Endpoint.completions})
+_POOLING = frozenset({Endpoint.embeddings})
 
 __all__ = ["VLLMBatchInference", "VLLMProvider"]
 
@@ -79,6 +85,10 @@ class VLLMBatchInference(BatchClient):
             ``max_num_seqs``. Defaults batchclient adds when they are not given: see
             ``docs/inline.md`` (bundled model: ``max_model_len=2048``; CPU builds:
             ``enforce_eager=True`` and a 2 GiB KV cache unless memory is sized otherwise).
+            ``runner="pooling", convert="embed"`` makes an embedding engine (it serves
+            ``batch_embeddings`` and ``/v1/embeddings`` batches, nothing else; any model,
+            the bundled one included); otherwise the engine serves chat and text
+            completions, scoring included (``docs/evals.md``).
 
     Each call's ``model`` must name the loaded model: ``smollm2`` for the bundled one, else
     its path (as given or resolved) or served name; anything else raises
@@ -139,6 +149,7 @@ class VLLMProvider(Provider):
         self.verbose = verbose
         self._parser_class: type | None = None
         self.engine_args = dict(engine_args)
+        self.endpoints = _POOLING if engine_args.get("runner") == "pooling" else _GENERATE
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self._engine: Engine | None = None
         self._vllm: ModuleType | None = None  # the ._engine module, imported on start
@@ -196,6 +207,9 @@ class VLLMProvider(Provider):
             | ({str(self.model)} if self.model is not None else set())
         )
         _engine.start(engine, args)
+        # the model may make the engine a pooling one without runner="pooling" being given
+        pooling = getattr(engine.llm.model_config, "runner_type", None) == "pooling"
+        self.endpoints = _POOLING if pooling else _GENERATE
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -211,8 +225,12 @@ class VLLMProvider(Provider):
         return self.max_concurrency
 
     def identity(self) -> dict[str, Any]:
-        # What changes the answers: the model. Engine args (memory, parallelism) do not.
-        return {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
+        # What changes the answers: the model, and whether it embeds. Engine args (memory,
+        # parallelism) do not.
+        identity = {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
+        if self.endpoints == _POOLING:
+            identity["runner"] = "pooling"
+        return identity
 
     async def models(self) -> list[str]:
         """The loaded model's served names (``smollm2`` for the bundled one); empty before
@@ -222,6 +240,14 @@ class VLLMProvider(Provider):
     async def check_model(self, model: str) -> None:
         if model not in self._names:
             raise ModelNotFoundError(model, sorted(self._names))
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """The engine's own tokenizer, with its ``max_model_len``."""
+        engine = self._engine
+        if engine is None:
+            raise ConfigurationError("the engine is not running: use the client in `async with`")
+        await self.check_model(model)
+        return HFTokenizer(engine.llm.get_tokenizer(), engine.max_model_len)
 
     # ------------------------------------------------------------------ one request
 
@@ -238,6 +264,17 @@ class VLLMProvider(Provider):
                 status_code=404,
                 param="model",
             )
+        if request.endpoint not in self.endpoints:
+            served = ", ".join(sorted(e.value for e in self.endpoints))
+            return failed(
+                ErrorCode.unsupported_parameter,
+                f"this engine does not serve {request.endpoint.value} (it serves {served}; "
+                "embeddings need runner='pooling', convert='embed')",
+                status_code=400,
+                param="url",
+            )
+        if request.endpoint is not Endpoint.chat_completions:
+            return await self._other(engine, request, str(model))
         try:
             body, tools = self._plan_tools(engine, request)
             plan = map_body(body, engine.sampling_defaults)
@@ -247,6 +284,20 @@ class VLLMProvider(Provider):
             return _refused(refusal)
         async with self._limiter:
             return await self._generate(engine, str(model), plan, tools)
+
+    async def _other(self, engine: Engine, request: Request, model: str) -> Result:
+        """A completions or embeddings request (:mod:`._kinds`, imported with the engine)."""
+        from . import _kinds
+
+        request_id = f"{self._id_prefix}-{next(self._ids)}"
+        if request.endpoint is Endpoint.embeddings:
+            return await _kinds.embed(engine, request.body, model, request_id, self._limiter)
+        body, scoring = request.body, request.score_span is not None
+        if scoring:
+            body = prompt_logprobs_body(body)
+        return await _kinds.complete(
+            engine, body, model, request_id, self._limiter, scoring=scoring
+        )
 
     def _plan_tools(
         self, engine: Engine, request: Request

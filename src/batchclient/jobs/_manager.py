@@ -38,9 +38,11 @@ from ..errors import ConfigurationError, JobError, JobStateError
 from ..types import (
     Batch,
     BatchChatCompletionResponse,
+    BatchCompletionResponse,
+    BatchEmbeddingsResponse,
     BatchError,
     BatchOptions,
-    ChatCompletionResponse,
+    BatchResponse,
     Endpoint,
     JobStatus,
 )
@@ -52,6 +54,12 @@ from ._store import ACTIVE, Store, default_state_dir, now
 LEASE_S = 10.0
 """A job whose owner has not refreshed its heartbeat for this many seconds is orphaned."""
 HEARTBEAT_S = 1.0
+
+_RESPONSES: dict[Endpoint, type[BatchResponse]] = {
+    Endpoint.chat_completions: BatchChatCompletionResponse,
+    Endpoint.completions: BatchCompletionResponse,
+    Endpoint.embeddings: BatchEmbeddingsResponse,
+}
 
 _STATUS_MAP = {
     "validating": JobStatus.scheduled,
@@ -358,8 +366,9 @@ class JobManager:
                     return
                 await anyio.sleep(0.2)
 
-    async def result(self, job_id: str) -> BatchChatCompletionResponse:
-        """One response per input line, in input order; see ``BaseBatchClient.job_result``."""
+    async def result(self, job_id: str) -> BatchResponse:
+        """One response per input line, in input order, of the batch's endpoint's type; see
+        ``BatchClient.job_result``."""
         store = await self.store()
         row = await self._call(store.job_row, job_id)
         status = row["status"]
@@ -371,13 +380,16 @@ class JobManager:
         if status in ACTIVE:
             raise JobStateError(f"job {job_id} is {status}; wait for it (job_wait) first")
 
-        def build() -> list[ChatCompletionResponse]:
-            return [response_for(r) for r in store.iter_results(job_id)]
+        endpoint = Endpoint(row["endpoint"])
+
+        def build() -> list[Any]:
+            return [response_for(r, endpoint) for r in store.iter_results(job_id)]
 
         batch = await to_thread.run_sync(build)
         if len(batch) != row["total"]:
             raise JobError(f"job {job_id} has {len(batch)} results for {row['total']} lines")
-        return BatchChatCompletionResponse(batch=batch)
+        kind = _RESPONSES[endpoint]
+        return kind(batch=batch)
 
     async def write_lines(self, job_id: str, stream: IO[bytes]) -> None:
         """Write every finished line of the job (output and error lines, in input order) to a

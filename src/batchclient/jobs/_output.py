@@ -18,17 +18,36 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from .._core.completions import to_completion_response
 from .._core.decode import to_response
+from .._core.embeddings import to_embedding_response
 from .._core.request import Request, Result
-from ..types import ChatCompletionResponse, FileObject
+from ..types import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    EmbeddingResponse,
+    Endpoint,
+    FileObject,
+)
 from ._store import ResultRow, Store, now, open_private
 
+ItemResponse = ChatCompletionResponse | CompletionResponse | EmbeddingResponse
+"""The protocol's answer to one line, by the batch's endpoint."""
 
-def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> Request:
+_DECODE: dict[Endpoint, Callable[[Request, Result], ItemResponse]] = {
+    Endpoint.chat_completions: to_response,
+    Endpoint.completions: to_completion_response,
+    Endpoint.embeddings: to_embedding_response,
+}
+
+
+def request_for(
+    seq: int, custom_id: str, body: dict[str, Any], endpoint: Endpoint = Endpoint.chat_completions
+) -> Request:
     """The internal request for one input line, with the schemas its answer is checked
     against (``response_format.json_schema.schema``; each tool's ``parameters``)."""
     schema = None
@@ -49,6 +68,7 @@ def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> Request:
     return Request(
         index=seq,
         body=body,
+        endpoint=endpoint,
         custom_id=custom_id,
         response_schema=schema,
         tool_schemas=tool_schemas or None,
@@ -57,8 +77,9 @@ def request_for(seq: int, custom_id: str, body: dict[str, Any]) -> Request:
 
 def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     """The stored row of one finished request, with its output line. The verdict (``ok``) is
-    the same as ``batch_chat_completion`` gives the item: ``to_response`` without an error."""
-    response = to_response(request, result)
+    the same as the synchronous call of the endpoint gives the item (``batch_chat_completion``,
+    ``batch_completion``, ``batch_embeddings``): its decode without an error."""
+    response = _DECODE[request.endpoint](request, result)
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
     tokens_in = tokens_out = 0
@@ -91,13 +112,15 @@ def _int(value: Any) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
-def response_for(row: ResultRow) -> ChatCompletionResponse:
-    """The protocol's ``ChatCompletionResponse`` of a stored row (for ``job_result``)."""
+def response_for(row: ResultRow, endpoint: Endpoint = Endpoint.chat_completions) -> ItemResponse:
+    """The protocol's response of a stored row (for ``job_result``): a
+    ``ChatCompletionResponse``, ``CompletionResponse`` or ``EmbeddingResponse`` by the batch's
+    endpoint."""
     result = Result(
         status_code=row.status_code, body=row.body, error=row.error, request_id=row.request_id
     )
-    request = Request(index=row.seq, body={}, custom_id=row.custom_id)
-    return to_response(request, result)
+    request = Request(index=row.seq, body={}, endpoint=endpoint, custom_id=row.custom_id)
+    return _DECODE[endpoint](request, result)
 
 
 def output_line(job_id: str, row: ResultRow) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scheduler import run_requests
 from ..errors import ErrorCode, ModelNotFoundError
-from ..types import BatchError
+from ..types import BatchError, Endpoint
 from ._output import request_for, row_for, with_line, write_job_files
 from ._store import ResultRow, Store, now
 from ._validate import RequestLine, iter_requests, validate_batch_file
@@ -51,9 +51,12 @@ class RequestSource:
     thread hop; the finished ``seq``s of each block looked up in SQLite), so memory stays flat and
     a resumed job skips what is done."""
 
-    def __init__(self, store: Store, job_id: str, path: Path) -> None:
+    def __init__(
+        self, store: Store, job_id: str, path: Path, endpoint: Endpoint = Endpoint.chat_completions
+    ) -> None:
         self._store = store
         self._job_id = job_id
+        self._endpoint = endpoint
         self._file: IO[bytes] = path.open("rb")
         self._lines: Iterator[RequestLine] = iter_requests(self._file)
         self._buffer: list[Request] = []
@@ -81,7 +84,11 @@ class RequestSource:
                 self._exhausted = True
                 return []
             done = self._store.finished_seqs(self._job_id, block[0].seq, block[-1].seq)
-            todo = [request_for(r.seq, r.custom_id, r.body) for r in block if r.seq not in done]
+            todo = [
+                request_for(r.seq, r.custom_id, r.body, self._endpoint)
+                for r in block
+                if r.seq not in done
+            ]
             if todo:
                 return todo
 
@@ -216,7 +223,8 @@ async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
 
 
 async def _process(store: Store, provider: Provider, job_id: str, row: Any) -> None:
-    source = RequestSource(store, job_id, store.file_path(row["input_file_id"]))
+    path = store.file_path(row["input_file_id"])
+    source = RequestSource(store, job_id, path, Endpoint(row["endpoint"]))
     writer = GroupCommit(store, job_id)
 
     async def on_result(request: Request, result: Result) -> None:

@@ -1,10 +1,13 @@
 """Validation of an OpenAI batch input file (JSONL), streamed, all-or-nothing.
 
-Rules (the OpenAI Batch API, https://platform.openai.com/docs/guides/batch): every non-blank
-line is ``{"custom_id": str (unique), "method": "POST", "url": "/v1/chat/completions", "body":
-{"model": str, "messages": [...], ...}}``; one model per file; ``stream: true`` is refused. One
-error per bad line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank
-and whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
+Rules (the OpenAI Batch API, https://platform.openai.com/docs/guides/batch): every non-blank line is
+``{"custom_id": str (unique), "method": "POST", "url": <the batch's endpoint>, "body": {"model":
+str, ...}}``; one endpoint and one model per file; ``stream: true`` is refused. The body needs
+``messages`` (a non-empty list of objects with a ``role``) for ``/v1/chat/completions``,
+``prompt`` for ``/v1/completions`` and ``input`` for ``/v1/embeddings`` (each text, token ids,
+or a non-empty list of either; no empty text to embed). One error per bad
+line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
+whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
 tolerated; anything that is not UTF-8 is refused with a message naming what it looks like.
 
 The file is read line by line and never held in memory; duplicate ``custom_id`` detection uses a
@@ -24,6 +27,8 @@ from ..errors import ErrorCode
 from ..types import BatchError
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 MAX_LINE_BYTES = 32 * 1024 * 1024
 """Longest accepted line (32 MiB); longer lines are refused without being read into memory."""
 MAX_LISTED_ERRORS = 1000
@@ -144,6 +149,22 @@ def check_request(obj: dict[str, Any], endpoint: str) -> tuple[ErrorCode, str, s
         return ErrorCode.missing_required_parameter, "body has no 'model'", "body.model"
     if not isinstance(body["model"], str) or not body["model"]:
         return ErrorCode.invalid_request, "body.model must be a non-empty string", "body.model"
+    bad = _BODY_CHECKS.get(endpoint, _check_chat)(body)
+    if bad is not None:
+        return bad
+    if body.get("stream") not in (None, False):
+        return (
+            ErrorCode.streaming_unsupported,
+            "stream must be false or absent in a batch (answers are written to the output file)",
+            "body.stream",
+        )
+    return None
+
+
+Problem = tuple[ErrorCode, str, str]
+
+
+def _check_chat(body: dict[str, Any]) -> Problem | None:
     if "messages" not in body:
         return ErrorCode.missing_required_parameter, "body has no 'messages'", "body.messages"
     messages = body["messages"]
@@ -156,13 +177,62 @@ def check_request(obj: dict[str, Any], endpoint: str) -> tuple[ErrorCode, str, s
                 f"body.messages[{i}] must be an object with a string 'role'",
                 "body.messages",
             )
-    if body.get("stream") not in (None, False):
-        return (
-            ErrorCode.streaming_unsupported,
-            "stream must be false or absent in a batch (answers are written to the output file)",
-            "body.stream",
-        )
     return None
+
+
+def _is_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
+
+
+def _text_or_tokens(body: dict[str, Any], key: str, *, allow_empty_text: bool) -> Problem | None:
+    """``body[key]`` is text, token ids, or a non-empty list of either (OpenAI's ``prompt`` and
+    ``input``)."""
+    param = f"body.{key}"
+    if key not in body:
+        return ErrorCode.missing_required_parameter, f"body has no {key!r}", param
+    value = body[key]
+    if isinstance(value, str):
+        ok = allow_empty_text or bool(value)
+    elif _is_ids(value):
+        ok = True
+    elif isinstance(value, list) and value:
+        ok = all((isinstance(v, str) and (allow_empty_text or v)) or _is_ids(v) for v in value)
+    else:
+        ok = False
+    if ok:
+        return None
+    return (
+        ErrorCode.invalid_request,
+        f"body.{key} must be text, a list of token ids, or a non-empty list of either"
+        + ("" if allow_empty_text else " (no empty text)"),
+        param,
+    )
+
+
+def _check_completions(body: dict[str, Any]) -> Problem | None:
+    return _text_or_tokens(body, "prompt", allow_empty_text=True)
+
+
+def _check_embeddings(body: dict[str, Any]) -> Problem | None:
+    bad = _text_or_tokens(body, "input", allow_empty_text=False)
+    if bad is None and body.get("encoding_format") not in (None, "float", "base64"):
+        return (
+            ErrorCode.invalid_request,
+            "body.encoding_format must be 'float' or 'base64'",
+            "body.encoding_format",
+        )
+    return bad
+
+
+_BODY_CHECKS = {
+    CHAT_COMPLETIONS: _check_chat,
+    COMPLETIONS: _check_completions,
+    EMBEDDINGS: _check_embeddings,
+}
 
 
 class _SeenIds:

@@ -2,11 +2,12 @@
 ``RemoteBatchInference``, the client over it.
 
 One ``POST {base_url}{path}`` per request, the path from the request's endpoint
-(``/chat/completions`` for chat). Each attempt takes a slot on the least-loaded usable (replica,
-model) lane (:mod:`._endpoints`), whose limit adapts to throttling (:mod:`._adaptive`), waits for
-the replica's rpm/tpm buckets (:mod:`._rates`) and its announced quota (:mod:`._quota`), and is
-sent over the replica's aiohttp session (:mod:`._transport`); failures are retried by the policy
-in :mod:`._retry`. The per-request timeout starts when the request is sent, after every queue.
+(``/chat/completions``, ``/completions``, ``/embeddings``). Each attempt takes a slot on the
+least-loaded usable (replica, model) lane (:mod:`._endpoints`), whose limit adapts to throttling
+(:mod:`._adaptive`), waits for the replica's rpm/tpm buckets (:mod:`._rates`) and its announced
+quota (:mod:`._quota`), and is sent over the replica's aiohttp session (:mod:`._transport`);
+failures are retried by the policy in :mod:`._retry`. The per-request timeout starts when the
+request is sent, after every queue.
 ``docs/remote.md`` explains every knob and algorithm.
 """
 
@@ -26,8 +27,11 @@ from .._core.client import BatchClient
 from .._core.decode import http_error, load_json
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.scoring import prompt_logprobs_body
+from .._core.tokens import Tokenizer
 from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
+from ..types import Endpoint
 from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
 from ._retry import (
     EJECTING_STATUS,
@@ -47,6 +51,7 @@ from ._settings import (
 )
 from ._setup import Verify, build_dispatcher, check_settings
 from ._structured import VllmProbe
+from ._tokenize import find_tokenizer
 from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
 from ._urls import Redactor
 
@@ -75,8 +80,9 @@ BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
 
 
 class RemoteBatchInference(BatchClient):
-    """Batch inference against OpenAI-compatible endpoints (vLLM servers, OpenAI, Azure
-    OpenAI, llama.cpp servers, ...). Use as ``async with``.
+    """Batch inference against OpenAI-compatible endpoints (``/v1/chat/completions``,
+    ``/v1/completions``, ``/v1/embeddings``: vLLM servers, OpenAI, llama.cpp servers, ...). Use
+    as ``async with``.
 
     Args:
         base_url: the API root (e.g. ``http://127.0.0.1:8000/v1``), or a list of replicas
@@ -117,6 +123,10 @@ class RemoteBatchInference(BatchClient):
         http: client certificate, answer size cap, keep-alive expiry (:class:`HttpOptions`).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
+        tokenizer: a local folder with the model's tokenizer files, for the scoring calls on
+            text (``batch_loglikelihood``, ``batch_loglikelihood_rolling``); needs
+            ``transformers``. None (default): the server's ``/tokenize`` route (vLLM), and a
+            ``ConfigurationError`` at the call when the server has none.
         state_dir: where files, batches and results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory; created 0700); batches there
             resume with a client on the same ``base_url``.
@@ -150,6 +160,7 @@ class RemoteBatchInference(BatchClient):
         timeouts: Timeouts = Timeouts(),
         http: HttpOptions = HttpOptions(),
         check_model: bool = True,
+        tokenizer: str | os.PathLike[str] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         provider = RemoteProvider(
@@ -172,6 +183,7 @@ class RemoteBatchInference(BatchClient):
             timeouts=timeouts,
             http=http,
             check_model=check_model,
+            tokenizer=tokenizer,
         )
         super().__init__(provider, state_dir=state_dir)
 
@@ -190,6 +202,8 @@ class RemoteBatchInference(BatchClient):
 class RemoteProvider(Provider):
     """The remote fan-out as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
     and other providers). Arguments as :class:`RemoteBatchInference`, without ``state_dir``."""
+
+    endpoints = frozenset(Endpoint)
 
     def __init__(
         self,
@@ -213,6 +227,7 @@ class RemoteProvider(Provider):
         timeouts: Timeouts = Timeouts(),
         http: HttpOptions = HttpOptions(),
         check_model: bool = True,
+        tokenizer: str | os.PathLike[str] | None = None,
     ) -> None:
         check_settings(max_concurrency, max_retries, timeout, rpm, tpm, rate_limits, ejection)
         urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
@@ -233,6 +248,8 @@ class RemoteProvider(Provider):
         self._check_models = check_model
         self._known_models: dict[str, bool] = {}
         self._vllm_probe = VllmProbe(timeouts.list_models_s)
+        self._tokenizer_path = tokenizer
+        self._tokenizers: dict[str, Tokenizer] = {}
 
         def build() -> Dispatcher:
             return build_dispatcher(
@@ -302,6 +319,11 @@ class RemoteProvider(Provider):
 
     async def _list_models(self) -> set[str] | None:
         """The models of the first endpoint that answers ``GET /models``, else None."""
+        entries = await self._model_entries()
+        return None if entries is None else {str(e.get("id")) for e in entries}
+
+    async def _model_entries(self) -> list[dict[str, Any]] | None:
+        """The ``GET /models`` entries of the first endpoint that answers, else None."""
         for ep in self._dispatcher.endpoints:
             try:
                 resp = await ep.pool.request("GET", "/models", timeout=self.timeouts.list_models_s)
@@ -310,8 +332,27 @@ class RemoteProvider(Provider):
                 continue
             entries = data.get("data") if isinstance(data, dict) else None
             if isinstance(entries, list):
-                return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+                return [e for e in entries if isinstance(e, dict)]
         return None
+
+    # ------------------------------------------------------------------ tokenizer
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """``tokenizer=`` (a local folder), else the server's ``/tokenize`` route; raises
+        ``ConfigurationError`` when neither is there (``remote/_tokenize.py``)."""
+        known = self._tokenizers.get(model)
+        if known is not None:
+            return known
+        entries = await self._model_entries() if self._tokenizer_path is not None else None
+        made = await find_tokenizer(
+            self._tokenizer_path,
+            model,
+            self._dispatcher.endpoints[0],
+            entries,
+            self.timeouts.list_models_s,
+        )
+        self._tokenizers[model] = made
+        return made
 
     # ------------------------------------------------------------------ one request
 
@@ -328,22 +369,37 @@ class RemoteProvider(Provider):
             refused = await self._vllm_probe.grammar_refusal(self._dispatcher.endpoints)
             if refused is not None:
                 return refused
-        # the endpoint's path below the API root: "/v1/chat/completions" -> "/chat/completions"
-        result = await self._send(request.endpoint.value.removeprefix("/v1"), body)
+        if request.score_span is not None and await self._all_vllm():
+            body = prompt_logprobs_body(body)
+        result = await self._send(body, request.endpoint)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
         return result
 
-    async def _send(self, path: str, body: dict[str, Any]) -> Result:
+    async def _all_vllm(self) -> bool:
+        for endpoint in self._dispatcher.endpoints:
+            if not await self._vllm_probe.is_vllm(endpoint):
+                return False
+        return True
+
+    async def _send(self, body: dict[str, Any], endpoint: Endpoint) -> Result:
         model = str(body.get("model"))
         data = orjson.dumps(body)
+        # the endpoint's path below the API root: "/v1/chat/completions" -> "/chat/completions"
+        path = endpoint.value.removeprefix("/v1")
         try:  # the fast path: one attempt, no retry machinery
-            return await self._attempt(model, path, body, data, None)
+            return await self._attempt(model, path, body, data, endpoint, None)
         except RetryableFailure as first:
-            return await self._retry(model, path, body, data, first)
+            return await self._retry(model, path, body, data, endpoint, first)
 
     async def _retry(
-        self, model: str, path: str, body: dict[str, Any], data: bytes, first: RetryableFailure
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        data: bytes,
+        endpoint: Endpoint,
+        first: RetryableFailure,
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
@@ -362,7 +418,9 @@ class RemoteProvider(Provider):
                         raise replay.pop()
                     attempts += 1
                     try:
-                        result = await self._attempt(model, path, body, data, avoid, told_when)
+                        result = await self._attempt(
+                            model, path, body, data, endpoint, avoid, told_when
+                        )
                     except RetryableFailure as again:
                         avoid = again.endpoint or avoid
                         told_when = _told_when(again)
@@ -380,6 +438,7 @@ class RemoteProvider(Provider):
         path: str,
         body: dict[str, Any],
         data: bytes,
+        endpoint: Endpoint,
         avoid: Replica | None,
         past_pause: bool = False,
     ) -> Result:
@@ -421,7 +480,7 @@ class RemoteProvider(Provider):
             parsed: Any = None
             if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
-            return self._outcome(lane, resp, sent_at, cost, marks, parsed)
+            return self._outcome(lane, resp, sent_at, cost, marks, parsed, endpoint)
         finally:
             if marks is not None:
                 lane.landed(token)
@@ -437,6 +496,7 @@ class RemoteProvider(Provider):
         cost: float,
         marks: tuple[float, float],
         parsed: Any,
+        endpoint: Endpoint,
     ) -> Result:
         now = time.monotonic()
         status, headers, raw = resp.status, resp.headers, resp.body
@@ -445,7 +505,7 @@ class RemoteProvider(Provider):
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
         if 200 <= status < 300:
-            result = _parse_success(status, raw, parsed, ep.pool.redactor)
+            result = _parse_success(status, raw, parsed, ep.pool.redactor, endpoint)
             if result.error is None:
                 dispatcher.on_success(lane, sent_at)
                 rates = ep.rates
@@ -492,15 +552,22 @@ def _parse_json(raw: bytes | bytearray) -> Any:
         return _NotJson()
 
 
-def _parse_success(status: int, raw: bytes | bytearray, parsed: Any, redactor: Redactor) -> Result:
-    """A 2xx answer: a ChatCompletion object, or ``bad_upstream_response`` with an excerpt
-    (never an empty success: vllm PR #44255; a 200 without ``choices`` raised KeyError in
-    litellm #13139)."""
+def _parse_success(
+    status: int, raw: bytes | bytearray, parsed: Any, redactor: Redactor, endpoint: Endpoint
+) -> Result:
+    """A 2xx answer: the endpoint's object (``choices`` for completions, ``data`` for
+    embeddings), or ``bad_upstream_response`` with an excerpt (never an empty success:
+    vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm #13139)."""
     body = _parse_json(raw) if parsed is None else parsed
     if isinstance(body, _NotJson):
         return _bad_upstream(status, f"answer is not JSON: {redactor.excerpt(raw)}")
     if not isinstance(body, dict):
         return _bad_upstream(status, f"answer is not a JSON object: {redactor.excerpt(raw)}")
+    if endpoint is Endpoint.embeddings:
+        data = body.get("data")
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            return _bad_upstream(status, f"answer without data: {redactor.excerpt(raw)}")
+        return Result(status_code=status, body=body)
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         upstream = body.get("error")

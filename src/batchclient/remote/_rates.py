@@ -21,8 +21,21 @@ __all__ = ["RateBuckets", "estimate_prompt_tokens"]
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """About 4 characters per token over the text of the messages (and tool definitions)."""
+    """About 4 characters per token over the text of the messages (and tool definitions), or
+    of a completions ``prompt`` / embeddings ``input``; token ids count one each."""
     chars = 0
+    for key in ("prompt", "input"):
+        value = body.get(key)
+        items = (
+            value
+            if isinstance(value, list) and value and not isinstance(value[0], int)
+            else [value]
+        )
+        for item in items:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, list):
+                chars += 4 * len(item)
     for message in body.get("messages") or ():
         if isinstance(message, dict):
             content = message.get("content")

@@ -160,9 +160,11 @@ class Transport:
         body: bytes | None = None,
         *,
         timeout: float,  # noqa: ASYNC109 (aiohttp's own timer: one handle per request)
+        root: bool = False,
     ) -> HttpResponse:
         """Send one request to ``path`` (relative to the base path, e.g. ``/chat/completions``;
-        the base URL's query and ``default_query`` are added) and read the whole answer.
+        with ``root``, relative to the server root, e.g. ``/tokenize``; the base URL's query and
+        ``default_query`` are added) and read the whole answer.
 
         Raises:
             HttpError: connect failure, reset or closed connection, malformed answer, TLS or
@@ -170,9 +172,11 @@ class Transport:
             HttpTimeout: no complete answer within ``timeout`` seconds of starting to send.
             ResponseTooLarge: the answer is over ``max_response_bytes``.
         """
-        url = self._urls.get(path)
+        key = f"root:{path}" if root else path
+        url = self._urls.get(key)
         if url is None:
-            url = self._urls[path] = self.address.url(path)
+            url = self.address.root_url(path) if root else self.address.url(path)
+            self._urls[key] = url
         session = self._session
         if session is None:
             session = self._session = self._open()

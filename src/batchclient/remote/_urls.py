@@ -69,6 +69,12 @@ class Address:
         query = f"?{self.query}" if self.query else ""
         return URL(f"{self.origin}{self.path}{path}{query}")
 
+    def root_url(self, path: str) -> URL:
+        """The full URL of ``path`` next to the API root rather than under it (vLLM's
+        ``/tokenize`` beside ``/v1``): the base path without a trailing ``/v1``."""
+        query = f"?{self.query}" if self.query else ""
+        return URL(f"{self.origin}{self.path.removesuffix('/v1')}{path}{query}")
+
 
 def parse_address(url: str, default_query: Mapping[str, str] | None = None) -> Address:
     """Raises ``ConfigurationError`` for anything but an ``http(s)://host`` URL (the message

@@ -1,8 +1,8 @@
 """A counting reverse proxy on loopback (re-exported by ``testing``): forwards
-``/v1/chat/completions`` and ``/v1/models`` to a real server and counts every chat request it
-forwards, keyed by its body, so tests and benchmarks can tell how many requests were sent twice
-(e.g. after a kill-and-resume). A client that hangs up has its upstream request closed too, so
-the real server aborts it.
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/models`` to a real
+server and counts every request it forwards (``/v1/models`` aside), keyed by its body, so
+tests and benchmarks can tell how many requests were sent twice (e.g. after a kill-and-resume).
+A client that hangs up has its upstream request closed too, so the real server aborts it.
 
 Runs in a background thread (``with CountingProxy(url) as proxy: proxy.url``).
 """
@@ -22,7 +22,7 @@ __all__ = ["CountingProxy"]
 class CountingProxy:
     """Forward to ``upstream`` (a base URL ending in ``/v1``); ``url`` is the proxy's own.
 
-    ``bodies`` counts forwarded chat requests by raw body; ``resent`` is how many were sent
+    ``bodies`` counts forwarded requests by raw body; ``resent`` is how many were sent
     more than once; ``in_flight`` how many are open right now."""
 
     def __init__(self, upstream: str) -> None:
@@ -48,14 +48,15 @@ class CountingProxy:
     def resent(self) -> int:
         return sum(n - 1 for n in self.bodies.values() if n > 1)
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _forward(self, request: web.Request) -> web.Response:
+        path = request.path.removeprefix("/v1")
         raw = await request.read()
         self.bodies[raw] += 1
         self.in_flight += 1
         try:
             assert self._session is not None
             async with self._session.post(
-                f"{self.upstream}/chat/completions",
+                f"{self.upstream}{path}",
                 data=raw,
                 headers={"Content-Type": "application/json"},
             ) as resp:
@@ -75,7 +76,8 @@ class CountingProxy:
         self._stopped = asyncio.Event()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+            app.router.add_post(path, self._forward)
         app.router.add_get("/v1/models", self._models)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, handler_cancellation=True

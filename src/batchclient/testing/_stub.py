@@ -8,7 +8,8 @@ request by :class:`Fault` rules (matched on the text of the request's messages a
 number of that exact request) or by a ``handler`` callable for anything else.
 
 Answers are deterministic: the completion echoes the last user message (``"echo: <text>"``),
-truncated to ``max_tokens`` words; one word is one token in ``usage``.
+truncated to ``max_tokens`` words; one word is one token in ``usage``. ``/v1/completions`` and
+``/v1/embeddings`` answer likewise (:mod:`._stub_answers`).
 
 Runs in a background thread (``StubServer`` as a context manager, for tests) or as its own
 process (``python -m batchclient.testing stub --port P ...``, for benchmarks that need the stub
@@ -33,6 +34,8 @@ from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
+
+from ._stub_answers import embedding_body, text_completion_body
 
 __all__ = ["Fault", "Quota", "StubReply", "StubServer", "StubStats", "openai_duration"]
 
@@ -103,6 +106,7 @@ class StubStats:
 
 
 Handler = Callable[[dict[str, Any], int], StubReply | None]
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def openai_duration(seconds: float) -> str:
@@ -144,7 +148,9 @@ class Quota:
 
 
 def _text_of(body: dict[str, Any]) -> str:
-    parts: list[str] = []
+    """The text faults match on: the messages', a completions ``prompt`` or an embeddings
+    ``input``."""
+    parts: list[str] = [str(body[k]) for k in ("prompt", "input") if k in body]
     for m in body.get("messages") or ():
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, str):
@@ -268,6 +274,8 @@ class StubServer:
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         return app
@@ -302,6 +310,15 @@ class StubServer:
         return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, completion_body)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, text_completion_body)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, embedding_body)
+
+    async def _post(self, request: web.Request, answer: Answer) -> web.StreamResponse:
         stats = self.stats
         stats.requests += 1
         stats.arrivals.append(time.monotonic())
@@ -364,9 +381,9 @@ class StubServer:
                         status=404,
                     )
                 stats.by_status[200] += 1
-                return web.json_response(completion_body(body), headers=quota_headers)
+                return web.json_response(answer(body), headers=quota_headers)
             reply.headers = {**quota_headers, **reply.headers}
-            return await self._send(request, reply, body)
+            return await self._send(request, reply, body, answer)
         finally:
             stats.in_flight -= 1
 
@@ -395,7 +412,7 @@ class StubServer:
         )
 
     async def _send(
-        self, request: web.Request, reply: StubReply, body: dict[str, Any]
+        self, request: web.Request, reply: StubReply, body: dict[str, Any], answer: Answer
     ) -> web.StreamResponse:
         if reply.action == "reset":
             self.stats.by_status[0] += 1
@@ -407,7 +424,7 @@ class StubServer:
         if reply.raw is not None:
             payload = reply.raw
         elif reply.body is None:
-            payload = json.dumps(completion_body(body)).encode()
+            payload = json.dumps(answer(body)).encode()
         else:
             payload = json.dumps(reply.body).encode()
         if reply.action == "slow":

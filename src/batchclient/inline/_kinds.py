@@ -1,0 +1,224 @@
+"""Completions and embeddings requests on the engine (chat lives in :mod:`._client`).
+
+- ``/v1/completions``: the prompt is tokenised with the engine's tokenizer (special tokens as
+  the body's ``add_special_tokens``, default on, as vLLM's server), checked against the
+  context, and generated with ``prompt_logprobs`` when the body asks for the prompt's
+  log-probabilities (scoring requests always do: :func:`batchclient._core.scoring
+  .prompt_logprobs_body`).
+- ``/v1/embeddings``: on a pooling engine (``runner="pooling", convert="embed"``), one
+  ``AsyncLLM.encode`` per input with ``PoolingParams(task="embed")``, which normalises as
+  vLLM's server does.
+
+Imported only when an engine starts (it imports vLLM).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from vllm.pooling_params import PoolingParams
+
+from .._core.request import Result, failed
+from ..errors import ErrorCode
+from . import _engine
+from ._completions import (
+    CompletionPlan,
+    check_prompt_length,
+    completion_object,
+    embedding_object,
+    encode_vector,
+    legacy_logprobs,
+    map_completion_body,
+    map_embedding_body,
+    prompt_logprobs_json,
+)
+from ._mapping import Refusal
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+
+def _refused(refusal: Refusal) -> Result:
+    return failed(refusal.code, refusal.message, status_code=400, param=refusal.param)
+
+
+def _error(exc: Exception) -> Result:
+    message = str(exc) or type(exc).__name__
+    if _engine.is_context_error(exc):
+        return failed(ErrorCode.context_length_exceeded, message, status_code=400, param="prompt")
+    if _engine.is_request_error(exc):
+        return failed(ErrorCode.invalid_request, message, status_code=400)
+    return failed(ErrorCode.engine_error, f"{type(exc).__name__}: {message}")
+
+
+async def _final(outputs: AsyncIterator[Any], llm: Any, request_id: str) -> Any:
+    """The last output of an engine request; aborts it in the engine when cancelled (vLLM's own
+    abort can be cut short by an anyio cancel scope; aborting twice is harmless)."""
+    final = None
+    try:
+        async for output in outputs:
+            final = output
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await llm.abort(request_id)
+        raise
+    return final
+
+
+def _tokens(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt
+    return list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
+
+
+async def complete(
+    engine: Engine,
+    body: dict[str, Any],
+    model: str,
+    request_id: str,
+    limiter: Any,
+    *,
+    scoring: bool = False,
+) -> Result:
+    """Run one ``/v1/completions`` body; the result's body is a ``Completion`` object.
+
+    ``scoring``: a scoring request of the client's own (nobody reads its text), so nothing is
+    detokenised and ``prompt_logprobs`` carry no ``decoded_token``: the text of every prompt
+    position is most of the front end's work otherwise (lm-evaluation-harness's ``vllm``
+    backend skips it the same way, ``detokenize=False``)."""
+    llm = engine.llm
+    try:
+        plan = map_completion_body(body, engine.sampling_defaults)
+        if scoring:
+            plan.sampling["detokenize"] = False
+        tokenizer = llm.get_tokenizer()
+        ids = _tokens(tokenizer, plan.prompt, plan.add_special_tokens)
+        if not ids:
+            raise Refusal(ErrorCode.invalid_request, "the prompt is empty", "prompt")
+        check_prompt_length(len(ids), plan.max_tokens, engine.max_model_len)
+        params = _engine.sampling_params(plan.sampling, plan.max_tokens, plan.structured)
+    except Refusal as refusal:
+        return _refused(refusal)
+    except Exception as exc:  # vLLM's validation of the sampling fields
+        return _error(exc)
+    started, started_wall = time.perf_counter(), time.time()
+    async with limiter:
+        try:
+            final = await _final(
+                llm.generate({"prompt_token_ids": ids}, params, request_id), llm, request_id
+            )
+        except Exception as exc:
+            return _error(exc)
+    if final is None or not final.outputs:
+        return failed(ErrorCode.engine_error, "the engine finished without an output")
+    body_out = _completion_body(
+        plan, ids, final, request_id, model, started_wall, None if scoring else tokenizer
+    )
+    return Result(
+        status_code=200,
+        body=body_out,
+        request_id=request_id,
+        latency_s=time.perf_counter() - started,
+    )
+
+
+def _completion_body(
+    plan: CompletionPlan,
+    ids: list[int],
+    final: Any,
+    request_id: str,
+    model: str,
+    started_wall: float,
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """The ``Completion`` object; without a ``tokenizer`` (scoring) tokens have no text."""
+
+    def decode(token_id: int) -> str:
+        return "" if tokenizer is None else str(tokenizer.decode([token_id]))
+
+    output = final.outputs[0]
+    prompt_steps = list(final.prompt_logprobs or [])
+    out_ids = [] if plan.drop_output else list(output.token_ids)
+    out_text = "" if plan.drop_output else output.text
+    text, logprobs = out_text, None
+    if plan.echo:
+        prompt_text = plan.prompt if isinstance(plan.prompt, str) else str(tokenizer.decode(ids))
+        text = prompt_text + out_text
+    if plan.logprobs is not None:
+        out_steps = [] if plan.drop_output else list(output.logprobs or [])
+        if plan.echo:
+            steps = prompt_steps + out_steps
+            logprobs = legacy_logprobs([*ids, *out_ids], steps, plan.logprobs, decode)
+        else:
+            logprobs = legacy_logprobs(out_ids, out_steps, plan.logprobs, decode)
+    return completion_object(
+        request_id=request_id,
+        model=model,
+        created=int(started_wall),
+        text=text,
+        finish_reason=output.finish_reason,
+        prompt_tokens=len(ids),
+        completion_tokens=len(output.token_ids),
+        logprobs=logprobs,
+        prompt_logprobs=(
+            prompt_logprobs_json(prompt_steps, decode if tokenizer is not None else None)
+            if plan.prompt_logprobs is not None
+            else None
+        ),
+    )
+
+
+async def embed(
+    engine: Engine, body: dict[str, Any], model: str, request_id: str, limiter: Any
+) -> Result:
+    """Run one ``/v1/embeddings`` body (every input of it); the result's body is a
+    ``CreateEmbeddingResponse``."""
+    llm = engine.llm
+    try:
+        plan = map_embedding_body(body)
+        tokenizer = llm.get_tokenizer()
+        prompts = [_tokens(tokenizer, p, plan.add_special_tokens) for p in plan.inputs]
+        for ids in prompts:
+            check_prompt_length(len(ids), 0, engine.max_model_len)
+        params = PoolingParams(task="embed", dimensions=plan.dimensions)
+    except Refusal as refusal:
+        return _refused(refusal)
+    except Exception as exc:
+        return _error(exc)
+    started, started_wall = time.perf_counter(), time.time()
+    vectors: list[list[float] | str] = [[] for _ in prompts]
+    failure: list[Result] = []
+
+    async def one(i: int, ids: list[int]) -> None:
+        rid = f"{request_id}-{i}"
+        try:
+            final = await _final(llm.encode({"prompt_token_ids": ids}, params, rid), llm, rid)
+        except Exception as exc:
+            failure.append(_error(exc))
+            return
+        if final is None:
+            failure.append(failed(ErrorCode.engine_error, "the engine finished without output"))
+            return
+        vectors[i] = encode_vector(final.outputs.data.tolist(), plan.encoding_format)
+
+    async with limiter, anyio.create_task_group() as tg:
+        for i, ids in enumerate(prompts):
+            tg.start_soon(one, i, ids)
+    if failure:
+        return failure[0]
+    body_out = embedding_object(
+        request_id=request_id,
+        model=model,
+        created=int(started_wall),
+        vectors=vectors,
+        tokens=sum(len(p) for p in prompts),
+    )
+    return Result(
+        status_code=200,
+        body=body_out,
+        request_id=request_id,
+        latency_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,126 @@
+"""The client behind the lm-eval model, and calling it from lm-eval's synchronous code.
+
+lm-eval calls a model from plain threads; batchclient's clients are async. A
+:class:`ClientSession` either owns a client, opened on first use on an event loop in a
+background thread (an anyio blocking portal) and closed by :meth:`ClientSession.close`, or
+borrows one already open on the caller's loop, which lm-eval must then call from a worker thread
+of that loop (``anyio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio.from_thread
+
+from ..._core.client import BatchClient
+from ...errors import ConfigurationError
+
+__all__ = ["ClientSession", "client_factory", "remote_base"]
+
+
+def remote_base(url: str) -> str:
+    """An API root ending in ``/v1`` from what users of lm-eval's ``local-completions`` give
+    (``.../v1/completions`` or ``.../v1/chat/completions``)."""
+    url = url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        url = url.removesuffix(suffix)
+    return url
+
+
+def client_factory(
+    provider: str,
+    model: str | None,
+    *,
+    base_url: str | None,
+    api_key: str | None,
+    tokenizer: str | None,
+    max_concurrency: int | None,
+    timeout: float,
+    max_retries: int,
+    state_dir: Path,
+    engine_args: dict[str, Any],
+) -> Callable[[], BatchClient]:
+    """A function that builds the client the model's arguments describe (checked now, built
+    later, on the client's event loop). Raises ``ConfigurationError`` for arguments that do
+    not fit the provider."""
+    if provider == "remote":
+        if not base_url or not model:
+            raise ConfigurationError("provider=remote needs base_url=... and model=...")
+        from ...remote import RemoteBatchInference
+
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        return lambda: RemoteBatchInference(
+            remote_base(base_url),
+            key or None,
+            max_concurrency=max_concurrency or 64,
+            timeout=float(timeout),
+            max_retries=int(max_retries),
+            tokenizer=tokenizer,
+            state_dir=state_dir,
+        )
+    if provider != "vllm":
+        raise ConfigurationError(f"provider must be 'vllm' or 'remote', not {provider!r}")
+    if base_url or tokenizer:
+        raise ConfigurationError("base_url and tokenizer are for provider=remote")
+    from ...inline import VLLMBatchInference
+
+    window = int(max_concurrency) if max_concurrency else 1024
+    return lambda: VLLMBatchInference(
+        model, max_concurrency=window, state_dir=state_dir, **engine_args
+    )
+
+
+class ClientSession:
+    """A client to call from synchronous code: built by ``make`` and owned, or ``borrowed``."""
+
+    def __init__(
+        self,
+        make: Callable[[], BatchClient] | None = None,
+        borrowed: BatchClient | None = None,
+    ) -> None:
+        if (make is None) == (borrowed is None):
+            raise ValueError("give make or borrowed")
+        self._make = make
+        self._borrowed = borrowed
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._client: BatchClient | None = None
+
+    @property
+    def client(self) -> BatchClient:
+        """The open client (opened now if it is owned and not open yet)."""
+        return self._borrowed if self._borrowed is not None else self._open()[1]
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` (async) on the client's event loop; return its result."""
+        if self._borrowed is not None:
+            return anyio.from_thread.run(fn, *args)
+        portal, _ = self._open()
+        return portal.call(fn, *args)
+
+    def _open(self) -> tuple[anyio.from_thread.BlockingPortal, BatchClient]:
+        if self._portal is not None and self._client is not None:
+            return self._portal, self._client
+        assert self._make is not None
+        stack = contextlib.ExitStack()
+        try:
+            portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
+            client = portal.call(self._make)
+            stack.enter_context(portal.wrap_async_context_manager(client))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self._portal, self._client = stack, portal, client
+        return portal, client
+
+    def close(self) -> None:
+        """Close an owned client (an inline engine is shut down); a borrowed one stays open."""
+        stack, self._stack = self._stack, None
+        self._portal = self._client = None
+        if stack is not None:
+            stack.close()

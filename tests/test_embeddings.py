@@ -1,0 +1,130 @@
+"""Embeddings on the inline pooling engine (the session's ``pooling_client``) and on a real vLLM
+server in pooling mode agree input by input; bad input is per item; an embeddings batch file
+runs inline and comes out in OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from openai.types import CreateEmbeddingResponse
+
+from batchclient import (
+    ConfigurationError,
+    Endpoint,
+    ErrorCode,
+    RemoteBatchInference,
+    VLLMBatchInference,
+)
+from batchclient.testing import vllm_server
+from jobs_util import jsonl
+from providers import MODEL
+
+pytestmark = pytest.mark.timeout(900)
+
+TEXTS = [
+    "The cat sat on the mat.",
+    "A feline rested on the rug.",
+    "Stock markets fell sharply today.",
+    "Paris is the capital of France.",
+    "How do I bake sourdough bread at home?",
+    "def add(a, b):\n    return a + b",
+    "The mitochondria is the powerhouse of the cell.",
+    "Quelle heure est-il ?",
+    "Rain is expected tomorrow afternoon.",
+    "🙂 emoji and ünïcödé text",
+    "A short one.",
+    "Write a poem about the sea and the sky, with rhymes in every second line.",
+]
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+@pytest.fixture(scope="module")
+def pooling_url() -> Iterator[str]:
+    """The real vLLM server with the bundled model as an embedding model."""
+    with vllm_server(
+        max_model_len=1024,
+        runner="pooling",
+        convert="embed",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    ) as url:
+        yield url
+
+
+@pytest.mark.server
+@pytest.mark.engine
+async def test_embeddings_agree_on_both_providers(
+    pooling_client: VLLMBatchInference, pooling_url: str, tmp_path: Path
+) -> None:
+    inline = await pooling_client.batch_embeddings(MODEL, TEXTS)
+    async with RemoteBatchInference(pooling_url, state_dir=tmp_path) as remote:
+        floats = await remote.batch_embeddings(MODEL, TEXTS)
+        b64 = await remote.batch_embeddings(MODEL, TEXTS, encoding_format="base64")
+    inline_b64 = await pooling_client.batch_embeddings(MODEL, TEXTS, encoding_format="base64")
+    assert not inline.errors and not floats.errors and not b64.errors
+    for mine, theirs, coded, own_coded in zip(
+        inline.batch, floats.batch, b64.batch, inline_b64.batch, strict=True
+    ):
+        assert len(mine.vector) == 576 and cosine(mine.vector, theirs.vector) >= 0.999
+        assert isinstance(coded.embedding, str) and coded.vector == pytest.approx(
+            theirs.vector, abs=1e-6
+        )
+        assert own_coded.vector == pytest.approx(mine.vector, abs=1e-6)
+        assert mine.metric("prompt_tokens") == theirs.metric("prompt_tokens")
+    v = inline.embeddings
+    assert cosine(v[0], v[1]) > cosine(v[0], v[2])  # meaning, not just characters
+
+
+@pytest.mark.engine
+async def test_embedding_bad_input_is_per_item(pooling_client: VLLMBatchInference) -> None:
+    got = await pooling_client.batch_embeddings(MODEL, ["fine", "", "word " * 1100])
+    assert got.batch[0].ok
+    errors = [got.batch[1].error, got.batch[2].error]
+    assert errors[0] is not None and errors[0].code == ErrorCode.invalid_request
+    assert errors[1] is not None and errors[1].code == ErrorCode.context_length_exceeded
+    with pytest.raises(ConfigurationError, match="/v1/completions"):
+        await pooling_client.batch_completion(MODEL, ["x"])
+    assert pooling_client.provider.endpoints == {Endpoint.embeddings}
+
+
+@pytest.mark.engine
+async def test_an_embeddings_batch_file_runs_inline(pooling_client: VLLMBatchInference) -> None:
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": MODEL, "input": text},
+            }
+        )
+        for i, text in enumerate(TEXTS[:5])
+    ]
+    lines.append(json.dumps({"custom_id": "two", "method": "POST", "url": "/v1/embeddings",
+                             "body": {"model": MODEL, "input": TEXTS[:2]}}))  # fmt: skip
+    record = await pooling_client.files.create(jsonl(lines))
+    batch = await pooling_client.batches.create(record.id, endpoint="/v1/embeddings")
+    with anyio.fail_after(300):
+        batch = await pooling_client.batches.wait(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 6
+    assert batch.output_file_id is not None
+    rows = [
+        json.loads(x)
+        for x in (await pooling_client.files.content(batch.output_file_id)).splitlines()
+    ]
+    for row in rows:
+        CreateEmbeddingResponse.model_validate(row["response"]["body"])
+    assert len(rows[-1]["response"]["body"]["data"]) == 2
+    chat = await pooling_client.files.create(
+        jsonl([lines[0].replace("/v1/embeddings", "/v1/chat/completions")])
+    )
+    with pytest.raises(ConfigurationError, match="not served"):
+        await pooling_client.batches.create(chat.id)
