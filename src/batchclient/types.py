@@ -25,6 +25,7 @@ __all__ = [
     "BatchChatCompletionResponse",
     "BatchError",
     "BatchErrors",
+    "BatchEstimate",
     "BatchItemError",
     "BatchOptions",
     "BatchProgress",
@@ -336,7 +337,8 @@ class TokenLogProbs(_Model):
 
 class MetricInResponse(_Model):
     """A per-item figure: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` (unit
-    ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch)."""
+    ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch), and
+    ``cached`` (value 1, no unit) when the result cache gave the answer."""
 
     metric: str
     value: float
@@ -389,6 +391,11 @@ class ChatCompletionResponse(_Model):
             return "".join(p.text for p in msg.content if isinstance(p, TextContentItem))
         return ""
 
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (its ``cached`` metric)."""
+        return self.metric("cached") == 1
+
     def metric(self, name: str) -> float | None:
         """The value of the metric called ``name``, or None."""
         for m in self.metrics or ():
@@ -409,13 +416,16 @@ class BatchChatCompletionResponse(_Model):
 
 
 class BatchProgress(_Model):
-    """A progress report for a running batch or job. Tokens are counted from ``usage``;
-    ``concurrency_limit`` is the current number of requests allowed in flight (adaptive on the
-    remote provider, fixed otherwise)."""
+    """A progress report for a running batch or job. Tokens are counted from the ``usage`` of
+    answers generated for it (not of answers from the result cache); ``cache_hits`` counts the
+    items the cache answered (they are also in ``completed``); ``concurrency_limit`` is the
+    current number of requests allowed in flight (adaptive on the remote provider, fixed
+    otherwise)."""
 
     total: int | None
     completed: int = 0
     failed: int = 0
+    cache_hits: int = 0
     in_flight: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -560,6 +570,10 @@ class Batch(_Model):
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
     model: str | None = None
+    cache_hits: int = 0
+    """Requests the result cache answered instead of the provider (also counted in
+    ``request_counts.completed``; lines merged into such a request are marked ``cached`` but
+    not counted again). Not an OpenAI field."""
 
 
 class BatchOptions(TypedDict, total=False):
@@ -573,11 +587,57 @@ class BatchOptions(TypedDict, total=False):
       limits).
     - ``reuse_results_from``: the id of an earlier batch over the same file content whose
       successful results are copied instead of being sent again.
+    - ``cache``: answer from the result cache and fill it (None or absent: the client's
+      ``cache`` switch). Recorded with the batch, so a resumed batch keeps it.
     """
 
     completion_window: str
     metadata: dict[str, str] | None
     reuse_results_from: str | None
+    cache: bool | None
+
+
+class BatchEstimate(_Model):
+    """What running a batch file would take (``client.estimate``, ``batchclient run
+    --dry-run``); nothing is sent.
+
+    - ``errors``: the file's validation errors (empty when it would run; then everything else
+      is counted); ``requests``: its request lines.
+    - ``merged``: identical greedy lines that would get the answer of an earlier identical line;
+      ``cache_hits``: lines the result cache holds an answer for (with ``cache`` off they are
+      sent anyway: ``cache`` says whether they are counted out); ``to_send``: what would be
+      sent.
+    - ``prompt_tokens`` and ``max_output_tokens``: over the requests that would be sent;
+      ``max_output_tokens`` sums their ``max_tokens`` (or ``max_completion_tokens``), and
+      ``without_max_tokens`` counts those without a cap (bounded only by the context, counted
+      as 0). ``tokenizer`` names what counted the prompts; with ``prompt_tokens_estimated`` it
+      is an estimate (about 4 characters per token plus 3 per message and 3 for the reply:
+      OpenAI's rule of thumb and its cookbook's per-message overhead).
+    - ``input_cost_usd``, ``output_cost_usd``, ``cost_usd``: with prices in USD per million
+      tokens; the output cost is at ``max_output_tokens``, an upper bound.
+    """
+
+    requests: int = 0
+    errors: list[BatchError] = Field(default_factory=list)
+    merged: int = 0
+    cache: bool = False
+    cache_hits: int = 0
+    to_send: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_estimated: bool = True
+    tokenizer: str | None = None
+    max_output_tokens: int = 0
+    without_max_tokens: int = 0
+    price_input: float | None = None
+    price_output: float | None = None
+    input_cost_usd: float | None = None
+    output_cost_usd: float | None = None
+    cost_usd: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the file would run (it passed validation)."""
+        return not self.errors
 
 
 class FileObject(_Model):

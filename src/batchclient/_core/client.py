@@ -15,10 +15,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
+from ..cache import number_repeats
 from ..errors import BatchFailedError, ClientClosedError
-from ..jobs import Batches, Files, JobManager, default_state_dir
+from ..jobs import Batches, Files, JobManager, default_state_dir, estimate_file
 from ..types import (
     BatchChatCompletionResponse,
+    BatchEstimate,
     BatchOptions,
     Job,
     JobStatus,
@@ -53,12 +55,23 @@ class BatchClient:
         state_dir: where files, batches and their results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory). Batches left unfinished
             there resume on entering a client whose provider has the same identity.
+        cache: answer from the result cache in ``state_dir`` and fill it, for every call and
+            batch of this client (default False; each call's and batch's ``cache=`` overrides
+            it). Only successful answers are kept; the key is the endpoint, the canonical
+            request body, the provider's ``cache_identity`` and a repeat index (guide:
+            ``docs/jobs.md``, "Result cache").
     """
 
     def __init__(
-        self, provider: Provider, *, state_dir: str | os.PathLike[str] | None = None
+        self,
+        provider: Provider,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        cache: bool = False,
     ) -> None:
         self.provider = provider
+        self.cache = cache
+        """The client's result-cache switch (see ``cache`` above)."""
         self._state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
@@ -80,7 +93,7 @@ class BatchClient:
     async def __aenter__(self) -> Self:
         await self.provider.start()
         try:
-            manager = JobManager(self._state_dir, provider=self.provider)
+            manager = JobManager(self._state_dir, provider=self.provider, cache=self.cache)
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
             await self.provider.stop()
@@ -124,11 +137,13 @@ class BatchClient:
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchChatCompletionResponse:
         """Run one chat completion per conversation; return the answers in input order.
 
         See :meth:`batchclient.BatchInference.batch_chat_completion` for the arguments, the
-        result and the errors raised.
+        result and the errors raised. ``cache``: use the result cache for this call (None: the
+        client's switch); an answer from it has the metric ``cached`` (``item.cached``).
         """
         self._manager()
         requests = chat_requests(
@@ -143,7 +158,13 @@ class BatchClient:
             custom_ids,
         )
         await self.provider.check_model(model)
-        batch = await self._run(requests, len(messages_batch), to_response, progress)
+        batch = await self._run(
+            requests,
+            len(messages_batch),
+            to_response,
+            progress,
+            self.cache if cache is None else cache,
+        )
         response = BatchChatCompletionResponse(batch=batch)
         if raise_on_error and response.errors:
             raise BatchFailedError(response, response.errors)
@@ -155,10 +176,15 @@ class BatchClient:
         n: int,
         decode: Callable[[Request, Result], R],
         progress: ProgressCallback | None,
+        cache: bool = False,
     ) -> list[R]:
-        """Run ``n`` requests (indexes ``0..n-1``) through the provider; ``decode`` each result
-        into its slot. Every slot is filled: the primitive reports every request once."""
-        provider = self.provider
+        """Run ``n`` requests (indexes ``0..n-1``) through the provider (behind the result
+        cache with ``cache``); ``decode`` each result into its slot. Every slot is filled: the
+        primitive reports every request once."""
+        provider: Provider = self.provider
+        if cache:
+            provider = await self._manager().cached_provider()
+            requests = number_repeats(requests)
         results: list[R | None] = [None] * n
         tracker = ProgressTracker(
             total=n, callback=progress, concurrency_limit=provider.concurrency_limit
@@ -199,5 +225,44 @@ class BatchClient:
         await self.batches.cancel(job_id)
 
     async def job_result(self, job_id: str) -> BatchChatCompletionResponse:
-        """One item per input line, in input order, each with its ``custom_id``."""
+        """One item per input line, in input order, each with its ``custom_id``. For a batch
+        that failed after validation (its files could not be written, ...): every committed
+        result, and ``batch_failed`` for lines without one."""
         return await self._manager().result(job_id)
+
+    # ------------------------------------------------------------------ dry run
+
+    async def estimate(
+        self,
+        file_id: str,
+        *,
+        tokenizer: str | os.PathLike[str] | None = None,
+        price_input: float | None = None,
+        price_output: float | None = None,
+        cache: bool | None = None,
+    ) -> BatchEstimate:
+        """What running the uploaded batch file ``file_id`` would take, without sending
+        anything: validation, requests (and how many identical greedy lines would be merged,
+        how many the result cache would answer), prompt tokens, the most output tokens and,
+        with prices in USD per million tokens, a cost. See :class:`BatchEstimate`.
+
+        Prompt tokens are counted with ``tokenizer`` (a local tokenizer directory), else with
+        the provider's own when it is local (``Provider.tokenizer_path``), else estimated
+        (``prompt_tokens_estimated``). ``cache``: count cache hits as the run would (None: the
+        client's switch).
+
+        Raises:
+            FileNotFoundInStoreError: unknown ``file_id``.
+            ConfigurationError: a ``tokenizer`` that cannot be loaded.
+        """
+        manager = self._manager()
+        path = await self.files.path(file_id)
+        use_cache = self.cache if cache is None else cache
+        return await estimate_file(
+            path,
+            self.provider,
+            await manager.result_cache() if use_cache else None,
+            tokenizer=tokenizer,
+            price_input=price_input,
+            price_output=price_output,
+        )

@@ -113,6 +113,8 @@ def to_response(request: Request, result: Result) -> ChatCompletionResponse:
         )
     if result.latency_s is not None:
         metrics.append(MetricInResponse(metric="latency", value=result.latency_s, unit="s"))
+    if result.cached:
+        metrics.append(MetricInResponse(metric="cached", value=1))
     return ChatCompletionResponse(
         completion_message=CompletionMessage(
             content=text, stop_reason=stop_reason, tool_calls=tool_calls

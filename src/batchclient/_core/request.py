@@ -31,7 +31,9 @@ class Request:
     The chat-only fields are never sent as such: ``response_schema`` and ``tool_schemas`` are
     what the answer is checked against, ``tool_prompt_format`` asks for tools written into the
     prompt. ``error`` is set when the request was refused before dispatch (a malformed message):
-    it is reported without being executed.
+    it is reported without being executed. ``repeat`` numbers identical sampled requests of
+    one call or file (0 for the first): the result cache keeps one answer per repeat, so ``k``
+    samples of one prompt are never one answer given ``k`` times.
     """
 
     index: int
@@ -42,6 +44,7 @@ class Request:
     tool_schemas: dict[str, dict[str, Any]] | None = None
     tool_prompt_format: ToolPromptFormat | None = None
     error: BatchItemError | None = None
+    repeat: int = 0
 
 
 @dataclass(slots=True)
@@ -52,7 +55,8 @@ class Result:
     ``Completion``, ...), ``error`` None. API refusal: ``status_code`` 4xx/5xx, ``body``
     ``{"error": {...}}``, ``error`` set. No answer: ``status_code`` and ``body`` None, ``error``
     set. ``ttft_s`` and ``latency_s`` are seconds from dispatch (not from queueing);
-    ``attempts`` counts sends including retries.
+    ``attempts`` counts sends including retries. ``extra["cached"]`` is True for an answer
+    given by the result cache.
     """
 
     status_code: int | None
@@ -67,6 +71,11 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (nothing was sent)."""
+        return bool(self.extra.get("cached"))
 
 
 def item_error(

@@ -5,12 +5,15 @@ requests (guide: ``docs/benchmarks.md``).
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
+    batchclient run INPUT.jsonl ... [--cache] | --dry-run [--tokenizer DIR] [--price-input USD]
+                    [--price-output USD]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
+    batchclient cache stats | clear [--older-than 7d] [--model M]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
 
-``run`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
-directory). Subcommands register themselves in :data:`COMMANDS`; add one with a function that
-takes the subparsers and the shared parent parser.
+``run``, ``jobs`` and ``cache`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the
+user data directory). Subcommands register themselves in :data:`COMMANDS`; add one with a
+function that takes the subparsers and the shared parent parser.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def _add_run(
         description="Run every request of an OpenAI batch input file and write the OpenAI batch "
         "output lines. Durable: results are committed to the state directory as they complete; "
         "run the same command again after an interruption and only unfinished requests are sent. "
-        "A finished job is not run again: its output files are rebuilt.",
+        "A finished job is not run again: its output files are rebuilt. --cache answers from the "
+        "result cache; --dry-run sends nothing and prints what a run would take.",
     )
     add_run_arguments(p)
     p.set_defaults(func=run_command)
@@ -54,6 +58,15 @@ def _add_jobs(
 
     p = sub.add_parser("jobs", parents=[common], help="list, inspect, cancel and export jobs")
     add_jobs_arguments(p, common)
+
+
+def _add_cache(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._cache import add_cache_arguments
+
+    p = sub.add_parser("cache", parents=[common], help="the result cache: stats, clear")
+    add_cache_arguments(p, common)
 
 
 def _add_bench(
@@ -90,7 +103,7 @@ def _add_demo(
     p.set_defaults(func=demo_command)
 
 
-COMMANDS: list[Register] = [_add_run, _add_jobs, _add_bench, _add_demo]
+COMMANDS: list[Register] = [_add_run, _add_jobs, _add_cache, _add_bench, _add_demo]
 """Subcommand registrars, in help order."""
 
 

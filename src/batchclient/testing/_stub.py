@@ -164,6 +164,8 @@ class StubServer:
         faults: :class:`Fault` rules, first match wins.
         handler: ``(body, attempt) -> StubReply | None`` consulted before the rules.
         models: model names served (``GET /v1/models``); other models get 404.
+        model_info: extra fields of every ``/v1/models`` entry (e.g. vLLM's ``root``, the
+            model path); change the attribute to play a server whose weights were swapped.
         record_bodies: keep every request body in ``stats.bodies``.
 
     ``url`` is the base URL ending in ``/v1``; ``stats`` what it saw. ``stop()`` (or leaving the
@@ -180,6 +182,7 @@ class StubServer:
         faults: list[Fault] | None = None,
         handler: Handler | None = None,
         models: tuple[str, ...] = ("smollm2",),
+        model_info: dict[str, Any] | None = None,
         record_bodies: bool = False,
         port: int = 0,
     ) -> None:
@@ -190,6 +193,7 @@ class StubServer:
         self.faults = list(faults or [])
         self.handler = handler
         self.models = models
+        self.model_info = dict(model_info or {})
         self.record_bodies = record_bodies
         self.stats = StubStats()
         self._attempts: Counter[str] = Counter()
@@ -220,7 +224,10 @@ class StubServer:
         return web.json_response(self.stats.summary())
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "owned_by": "stub"} for m in self.models]
+        data = [
+            {"id": m, "object": "model", "owned_by": "stub", **self.model_info}
+            for m in self.models
+        ]
         return web.json_response({"object": "list", "data": data})
 
     def _reply_for(self, body: dict[str, Any], attempt: int) -> StubReply | None:
