@@ -12,9 +12,10 @@ Targets: the stub in its own process (50 ms per answer, as ``bench/jobs_throughp
 with ``--real`` also the real vLLM server with the bundled model (started here: hold the vLLM
 lock, ``flock /work/locks/vllm.lock python bench/cache.py --real``) or ``--base-url URL``.
 
-    python bench/cache.py [--n 1000] [--dry-run-lines 50000] [--real | --base-url URL]
+    python bench/cache.py [--n 1000] [--dry-run-lines 50000] [--parts stub dry-run real]
+    flock /work/locks/vllm.lock python bench/cache.py --parts real   # starts the vLLM server
 
-Writes bench/results/cache.json.
+Writes bench/results/cache.json (parts not run this time are kept from the file).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from _jobs_common import child_env, save, stub_process
+from _jobs_common import RESULTS, child_env, save, stub_process
 from batchclient import RemoteBatchInference
 from batchclient.models import bundled_model_path
 
@@ -118,7 +119,8 @@ async def merge_figures(url: str, counter: Counter, n: int, tmp: Path) -> dict[s
 
 
 def sharegpt_file(path: Path, n: int) -> Path:
-    """``n`` request lines of ShareGPT first human turns (cycled if the file has fewer)."""
+    """``n`` request lines of ShareGPT first human turns, all distinct (past the end of the
+    dataset's prompts they come round again with a numbered suffix)."""
     from batchclient.datasets import _load_pairs, _package_file  # the file is cut short
 
     source = _package_file()
@@ -127,9 +129,12 @@ def sharegpt_file(path: Path, n: int) -> Path:
     prompts = [prompt[:6000] for _, prompt, _ in pairs if prompt]
     with path.open("w") as f:
         for i in range(n):
+            text = prompts[i % len(prompts)]
+            if i >= len(prompts):
+                text += f"\n\n(variant {i // len(prompts)})"
             body = {
                 "model": "smollm2",
-                "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                "messages": [{"role": "user", "content": text}],
                 "max_tokens": 256,
                 "temperature": 0,
             }
@@ -199,16 +204,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--dry-run-lines", type=int, default=50_000)
-    parser.add_argument("--real", action="store_true", help="also the real vLLM server")
-    parser.add_argument("--base-url", default=None, help="a running server (implies --real)")
+    parser.add_argument(
+        "--parts", nargs="+", choices=("stub", "dry-run", "real"), default=["stub", "dry-run"]
+    )
+    parser.add_argument("--base-url", default=None, help="real: a running server instead")
     args = parser.parse_args()
-    results: dict[str, Any] = {"note": "one run on a shared, busy 2-core machine"}
+    previous = RESULTS / "cache.json"
+    results: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
+    for key in ("benchmark", "when", "machine"):
+        results.pop(key, None)
+    results["note"] = "one run per part on a shared, busy 2-core machine"
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         with stub_process(latency_s=0.05) as url:
-            results["stub_50ms"] = run_target(url, Counter(url), args.n, tmp)
-            results["dry_run"] = dry_run_figures(url, args.dry_run_lines, tmp)
-        if args.real or args.base_url:
+            if "stub" in args.parts:
+                results["stub_50ms"] = run_target(url, Counter(url), args.n, tmp)
+            if "dry-run" in args.parts:
+                results["dry_run"] = dry_run_figures(url, args.dry_run_lines, tmp)
+        if "real" in args.parts:
             from batchclient.testing import CountingProxy
 
             with real_server(args.base_url) as upstream, CountingProxy(upstream) as proxy:

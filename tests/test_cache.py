@@ -270,3 +270,19 @@ def test_a_cache_write_that_fails_never_fails_a_request(tmp_path: Path) -> None:
     reopened = ResultCache(state / "batchclient.sqlite3")
     assert reopened.stats().entries == 0  # nothing could be written, and nothing failed
     reopened.close()
+
+
+def test_inline_identity_is_the_model_path_and_the_engine_args_that_change_answers() -> None:
+    from batchclient import VLLMProvider
+    from batchclient.models import bundled_model_path
+
+    def identity(**kw: Any) -> dict[str, Any]:
+        return anyio.run(lambda: VLLMProvider(**kw).cache_identity("smollm2"))
+
+    base = identity()
+    assert base["model_path"] == str(bundled_model_path())
+    assert base["engine_args"] == {"max_model_len": 2048}  # batchclient's default for it
+    assert identity(kv_cache_memory_bytes=1 << 28, max_num_seqs=8) == base  # speed, not answers
+    assert identity(dtype="float32") != base and identity(seed=1) != base
+    assert identity(max_model_len=1024) != base
+    assert identity(tool_call_parser="hermes") != base

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from .._core.decode import to_response
 from .._core.request import Request, Result
 from ..types import ChatCompletionResponse, FileObject
@@ -108,7 +110,13 @@ def merged_row(job_id: str, answered: ResultRow, seq: int, custom_id: str) -> Re
 
 
 def with_line(job_id: str, row: ResultRow) -> ResultRow:
-    row.line = json.dumps(output_line(job_id, row), ensure_ascii=False, separators=(",", ":"))
+    """Set ``row.line``: compact UTF-8 JSON (orjson, several times faster than ``json`` for
+    the bodies of a job; ``json`` for what orjson refuses, such as integers over 64 bits)."""
+    line = output_line(job_id, row)
+    try:
+        row.line = orjson.dumps(line).decode()
+    except TypeError:
+        row.line = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     return row
 
 
