@@ -225,8 +225,7 @@ class StubServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [
-            {"id": m, "object": "model", "owned_by": "stub", **self.model_info}
-            for m in self.models
+            {"id": m, "object": "model", "owned_by": "stub", **self.model_info} for m in self.models
         ]
         return web.json_response({"object": "list", "data": data})
 
