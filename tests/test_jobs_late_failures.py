@@ -101,6 +101,34 @@ async def test_a_file_where_the_output_folder_should_be_fails_the_batch_keeping_
     assert stub.stats.requests == 8  # resuming sent nothing: every request had its result
 
 
+async def test_a_state_directory_moved_under_a_running_batch(tmp_path: Path) -> None:
+    state, moved = tmp_path / "state", tmp_path / "moved"
+    with StubServer(latency_s=0.2) as stub:
+        async with client(stub, state, max_concurrency=4) as c:
+            record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(8)]))
+            batch = await c.batches.create(record.id)
+            with anyio.fail_after(30):
+                while stub.stats.requests == 0:
+                    await anyio.sleep(0.01)
+            state.rename(moved)
+            with anyio.fail_after(30):
+                failed = await c.batches.wait(batch.id)
+            result = await c.job_result(batch.id)  # still readable here
+        assert not state.exists()  # nothing was made again at the old path
+        moved.rename(state)  # put back: the database holds every result
+        async with client(stub, state) as c:
+            await c.batches.resume(batch.id)
+            with anyio.fail_after(30):
+                done = await c.batches.wait(batch.id)
+        assert stub.stats.requests == 8
+    assert failed.status == "failed" and failed.errors is not None
+    error = failed.errors.data[0]
+    assert error.code == "storage_error" and str(state / "batchclient.sqlite3") in error.message
+    assert "moved, removed or replaced" in error.message
+    assert [r.text for r in result.batch] == [f"echo: q{i}" for i in range(8)]
+    assert done.status == "completed"
+
+
 async def test_writing_the_files_is_retried_until_the_folder_is_back(tmp_path: Path) -> None:
     files = tmp_path / "files"
     with StubServer(latency_s=0.2) as stub:
@@ -222,8 +250,10 @@ mount -o remount,size=4m '{files}'
         first = (tmp_path / "first.err").read_text()
         assert "output_write_failed" in first and str(files / "file-") in first, first
         assert "[Errno 28] No space left on device" in first
-        summaries = run.stdout.splitlines()  # the first run's summary, then the second's
+        # the first run's summary (and -o, written all the same), then the second's
+        summaries = [x for x in run.stdout.splitlines() if " completed, " in x]
         assert ": failed; 120 completed, 0 failed of 120" in summaries[0]
+        assert f"output (every result, written all the same): {out}" in run.stdout
         assert ": completed; 120 completed, 0 failed of 120" in summaries[1]
         assert "resuming job" in run.stderr
         assert stub.stats.requests == 120

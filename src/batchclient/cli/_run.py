@@ -202,10 +202,12 @@ def run_command(args: argparse.Namespace) -> int:
             where = f"line {error.line}: " if error.line else ""
             param = f" ({error.param})" if error.param else ""
             print(f"  {where}{error.code}{param}: {error.message}", file=sys.stderr)
+        if _all_results(job) and written is None:
+            print(f"output (every result, written all the same): {args.output}")
         if job.in_progress_at is not None:
             print(
                 "  every finished result is kept in the state directory: run the same command "
-                "again to finish the job and write the output",
+                "again to finish the job",
                 file=sys.stderr,
             )
         return 1
@@ -289,9 +291,16 @@ async def _run(
             note = f", reusing the successful results of {reuse}" if reuse else ""
             console.print(f"started job {job_id}{note}")
         job = await _follow(client, job_id, console, show=not args.no_progress)
-        if job.status == "failed":
+        if job.status == "failed" and not _all_results(job):
             return job, None
+        # a job that failed after its last result (its own files, its state directory) still
+        # gets its output written: the results may be readable only by this process
         return job, await _export(client, job_id, args.output, args.errors)
+
+
+def _all_results(job: Batch) -> bool:
+    counts = job.request_counts
+    return job.in_progress_at is not None and counts.completed + counts.failed == counts.total
 
 
 async def _export(

@@ -9,6 +9,7 @@ sends only what has no result and then writes its files.
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 from pathlib import Path
@@ -30,6 +31,11 @@ def failure_of(exc: BaseException, state_dir: Path) -> BatchError:
         where = exc.filename or state_dir
         reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
         message = f"the state directory failed under the batch: {where}: {reason}"
+        if exc.filename == str(state_dir / DB_NAME) and exc.errno == errno.ENOENT:
+            message += (
+                " (moved, removed or replaced while the batch ran: its results are only in "
+                "the database this process has open, where job_result still reads them)"
+            )
         return BatchError(code=ErrorCode.storage_error.value, message=message)
     if isinstance(exc, sqlite3.Error):
         message = f"the state database failed under the batch: {state_dir / DB_NAME}: {exc}"

@@ -308,6 +308,9 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
     ``batch_cancelled`` / ``batch_expired``, then the output and error files are written.
     Shielded: once started it finishes even if the client closes."""
     with anyio.CancelScope(shield=True):
+        # results written to a database nobody else can see are not kept: say so (the caller
+        # fails the batch with storage_error; this process can still read them)
+        await to_thread.run_sync(store.check_in_place)
         if outcome == "completed":
             await to_thread.run_sync(
                 lambda: store.update_job(

@@ -23,6 +23,7 @@ allows alongside the writer.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -133,6 +134,7 @@ class Store:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._opened = _file_id(state_dir / DB_NAME)
         with self._lock, self._tx():
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -146,6 +148,16 @@ class Store:
     @staticmethod
     def exists(state_dir: Path) -> bool:
         return (state_dir / DB_NAME).exists()
+
+    def check_in_place(self) -> None:
+        """Raise ``FileNotFoundError`` when the database this store has open is no longer the
+        file at its path (the state directory was moved, removed or replaced under it: what
+        is written now would be seen by no other process)."""
+        path = self.state_dir / DB_NAME
+        if _file_id(path) != self._opened:
+            raise FileNotFoundError(
+                errno.ENOENT, "the database open here is no longer at this path", str(path)
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -444,6 +456,14 @@ class _Transaction:
         if self._db.in_transaction:  # SQLite may have rolled back already (a full disk)
             with contextlib.suppress(sqlite3.Error):  # keep the error that got us here
                 self._db.execute("ROLLBACK")
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _encode(key: str, value: Any) -> Any:
