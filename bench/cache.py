@@ -209,11 +209,7 @@ def main() -> None:
     )
     parser.add_argument("--base-url", default=None, help="real: a running server instead")
     args = parser.parse_args()
-    previous = RESULTS / "cache.json"
-    results: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
-    for key in ("benchmark", "when", "machine"):
-        results.pop(key, None)
-    results["note"] = "one run per part on a shared, busy 2-core machine"
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         with stub_process(latency_s=0.05) as url:
@@ -229,7 +225,12 @@ def main() -> None:
                     proxy.url, Counter(proxy.url, proxy), args.n, tmp
                 )
     print(json.dumps(results, indent=2))
-    print(f"wrote {save('cache', results)}")
+    previous = RESULTS / "cache.json"  # read now: another part may have run meanwhile
+    merged: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
+    for key in ("benchmark", "when", "machine"):
+        merged.pop(key, None)
+    merged.update(results, note="one run per part on a shared, busy 2-core machine")
+    print(f"wrote {save('cache', merged)}")
 
 
 if __name__ == "__main__":
