@@ -8,6 +8,7 @@ import io
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -123,6 +124,34 @@ def test_utf16_file_is_refused_naming_the_encoding() -> None:
     report = validate((line("a") + "\n").encode("utf-16"))
     assert codes(report) == [("invalid_encoding", 1, None)]
     assert "UTF-16" in report.errors[0].message and "UTF-8" in report.errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("codec", "bom", "named"),
+    [
+        ("utf-16-le", b"", "UTF-16 (little-endian, no BOM)"),
+        ("utf-16-be", b"", "UTF-16 (big-endian, no BOM)"),
+        ("utf-32-le", b"", "UTF-32 (little-endian, no BOM)"),
+        ("utf-32-be", b"", "UTF-32 (big-endian, no BOM)"),
+        ("utf-16-le", b"\xff\xfe", "UTF-16 (little-endian, with BOM)"),
+        ("utf-16-be", b"\xfe\xff", "UTF-16 (big-endian, with BOM)"),
+        ("utf-32-le", b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with BOM)"),
+        ("utf-32-be", b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with BOM)"),
+    ],
+)
+def test_utf16_and_utf32_files_are_refused_once_naming_the_encoding(
+    codec: str, bom: bytes, named: str
+) -> None:
+    text = "\n".join(line(f"r{i}", "caf\u00e9 \u6771\u4eac") for i in range(50)) + "\n"
+    report = validate(bom + text.encode(codec))
+    assert codes(report) == [("invalid_encoding", 1, None)]  # one error, not one per line
+    assert named in report.errors[0].message and "not UTF-8" in report.errors[0].message
+    assert "iconv -f UTF-" in report.errors[0].message
+
+
+def test_a_utf8_file_mostly_in_another_script_is_not_taken_for_utf16() -> None:
+    text = "\n".join(line(f"r{i}", "\u6771\u4eac\u90fd" * 40) for i in range(5))
+    assert validate(text.encode()).ok
 
 
 def test_latin1_line_is_refused_naming_the_encoding() -> None:

@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_core.scheduler", 5),
     ("_core.provider", 6),
     ("_core", 6),
+    ("cache", 7),
     ("jobs", 7),
     ("_core.client", 8),
     ("remote", 9),

@@ -68,6 +68,10 @@ class ErrorCode(StrEnum):
     invalid_tool_call = "invalid_tool_call"  # tool call arguments do not match the tool's schema
     batch_cancelled = "batch_cancelled"  # job cancelled before this request finished
     batch_expired = "batch_expired"  # job's completion window passed first
+    batch_failed = "batch_failed"  # the job failed (see its errors) before this request finished
+    # Job-level failures after validation (``Batch.errors``); the job can be resumed.
+    output_write_failed = "output_write_failed"  # the output or error file could not be written
+    storage_error = "storage_error"  # the state directory failed under the job (disk full, ...)
     # Input-file validation (OpenAI Batch API codes).
     invalid_json_line = "invalid_json_line"
     missing_required_parameter = "missing_required_parameter"

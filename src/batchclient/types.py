@@ -21,7 +21,14 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 __all__ = [
     "Batch",
@@ -30,6 +37,7 @@ __all__ = [
     "BatchEmbeddingsResponse",
     "BatchError",
     "BatchErrors",
+    "BatchEstimate",
     "BatchItemError",
     "BatchLoglikelihoodResponse",
     "BatchOptions",
@@ -348,7 +356,8 @@ class TokenLogProbs(_Model):
 
 class MetricInResponse(_Model):
     """A per-item figure: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` (unit
-    ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch)."""
+    ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch), and
+    ``cached`` (value 1, no unit) when the result cache gave the answer."""
 
     metric: str
     value: float
@@ -401,6 +410,11 @@ class ChatCompletionResponse(_Model):
             return "".join(p.text for p in msg.content if isinstance(p, TextContentItem))
         return ""
 
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (its ``cached`` metric)."""
+        return self.metric("cached") == 1
+
     def metric(self, name: str) -> float | None:
         """The value of the metric called ``name``, or None."""
         for m in self.metrics or ():
@@ -439,6 +453,11 @@ class CompletionResponse(_Model):
     def metric(self, name: str) -> float | None:
         """The value of the metric called ``name``, or None."""
         return next((m.value for m in self.metrics or () if m.metric == name), None)
+
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (its ``cached`` metric)."""
+        return self.metric("cached") == 1
 
 
 class BatchCompletionResponse(_Model):
@@ -521,6 +540,11 @@ class EmbeddingResponse(_Model):
         """The value of the metric called ``name``, or None."""
         return next((m.value for m in self.metrics or () if m.metric == name), None)
 
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (its ``cached`` metric)."""
+        return self.metric("cached") == 1
+
 
 class BatchEmbeddingsResponse(_Model):
     """``batch`` has exactly one entry per input, in input order (Llama Stack's
@@ -552,13 +576,16 @@ EncodingFormat = Literal["float", "base64"]
 
 
 class BatchProgress(_Model):
-    """A progress report for a running batch or job. Tokens are counted from ``usage``;
-    ``concurrency_limit`` is the current number of requests allowed in flight (adaptive on the
-    remote provider, fixed otherwise)."""
+    """A progress report for a running batch or job. Tokens are counted from the ``usage`` of
+    answers generated for it (not of answers from the result cache); ``cache_hits`` counts the
+    items the cache answered (they are also in ``completed``); ``concurrency_limit`` is the
+    current number of requests allowed in flight (adaptive on the remote provider, fixed
+    otherwise)."""
 
     total: int | None
     completed: int = 0
     failed: int = 0
+    cache_hits: int = 0
     in_flight: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -703,6 +730,18 @@ class Batch(_Model):
     metadata: dict[str, str] | None = None
     usage: BatchUsage = Field(default_factory=BatchUsage)
     model: str | None = None
+    cache_hits: int = 0
+    """Requests the result cache answered instead of the provider (also counted in
+    ``request_counts.completed``; lines merged into such a request are marked ``cached`` but
+    not counted again). Not an OpenAI field: it is left out of the JSON while it is 0, so a
+    batch that used no cache has exactly the OpenAI object's fields."""
+
+    @model_serializer(mode="wrap")
+    def _openai_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.cache_hits:
+            data.pop("cache_hits", None)
+        return data
 
 
 class BatchOptions(TypedDict, total=False):
@@ -716,11 +755,57 @@ class BatchOptions(TypedDict, total=False):
       limits).
     - ``reuse_results_from``: the id of an earlier batch over the same file content whose
       successful results are copied instead of being sent again.
+    - ``cache``: answer from the result cache and fill it (None or absent: the client's
+      ``cache`` switch). Recorded with the batch, so a resumed batch keeps it.
     """
 
     completion_window: str
     metadata: dict[str, str] | None
     reuse_results_from: str | None
+    cache: bool | None
+
+
+class BatchEstimate(_Model):
+    """What running a batch file would take (``client.estimate``, ``batchclient run
+    --dry-run``); nothing is sent.
+
+    - ``errors``: the file's validation errors (empty when it would run; then everything else
+      is counted); ``requests``: its request lines.
+    - ``merged``: identical greedy lines that would get the answer of an earlier identical line;
+      ``cache_hits``: lines the result cache holds an answer for (with ``cache`` off they are
+      sent anyway: ``cache`` says whether they are counted out); ``to_send``: what would be
+      sent.
+    - ``prompt_tokens`` and ``max_output_tokens``: over the requests that would be sent;
+      ``max_output_tokens`` sums their ``max_tokens`` (or ``max_completion_tokens``), and
+      ``without_max_tokens`` counts those without a cap (bounded only by the context, counted
+      as 0). ``tokenizer`` names what counted the prompts; with ``prompt_tokens_estimated`` it
+      is an estimate (about 4 characters per token plus 3 per message and 3 for the reply:
+      OpenAI's rule of thumb and its cookbook's per-message overhead).
+    - ``input_cost_usd``, ``output_cost_usd``, ``cost_usd``: with prices in USD per million
+      tokens; the output cost is at ``max_output_tokens``, an upper bound.
+    """
+
+    requests: int = 0
+    errors: list[BatchError] = Field(default_factory=list)
+    merged: int = 0
+    cache: bool = False
+    cache_hits: int = 0
+    to_send: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_estimated: bool = True
+    tokenizer: str | None = None
+    max_output_tokens: int = 0
+    without_max_tokens: int = 0
+    price_input: float | None = None
+    price_output: float | None = None
+    input_cost_usd: float | None = None
+    output_cost_usd: float | None = None
+    cost_usd: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the file would run (it passed validation)."""
+        return not self.errors
 
 
 class FileObject(_Model):

@@ -15,12 +15,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
+from ..cache import number_repeats
 from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
-from ..jobs import Batches, Files, JobManager, default_state_dir
+from ..jobs import Batches, Files, JobManager, default_state_dir, estimate_file
 from ..types import (
     BatchChatCompletionResponse,
     BatchCompletionResponse,
     BatchEmbeddingsResponse,
+    BatchEstimate,
     BatchLoglikelihoodResponse,
     BatchOptions,
     BatchResponse,
@@ -73,12 +75,23 @@ class BatchClient:
         state_dir: where files, batches and their results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory). Batches left unfinished
             there resume on entering a client whose provider has the same identity.
+        cache: answer from the result cache in ``state_dir`` and fill it, for every call and
+            batch of this client (default False; each call's and batch's ``cache=`` overrides
+            it). Only successful answers are kept; the key is the endpoint, the canonical
+            request body, the provider's ``cache_identity`` and a repeat index (guide:
+            ``docs/jobs.md``, "Result cache").
     """
 
     def __init__(
-        self, provider: Provider, *, state_dir: str | os.PathLike[str] | None = None
+        self,
+        provider: Provider,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        cache: bool = False,
     ) -> None:
         self.provider = provider
+        self.cache = cache
+        """The client's result-cache switch (see ``cache`` above)."""
         self._state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
@@ -106,7 +119,7 @@ class BatchClient:
     async def __aenter__(self) -> Self:
         await self.provider.start()
         try:
-            manager = JobManager(self._state_dir, provider=self.provider)
+            manager = JobManager(self._state_dir, provider=self.provider, cache=self.cache)
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
             await self.provider.stop()
@@ -150,11 +163,13 @@ class BatchClient:
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchChatCompletionResponse:
         """Run one chat completion per conversation; return the answers in input order.
 
         See :meth:`batchclient.BatchInference.batch_chat_completion` for the arguments, the
-        result and the errors raised.
+        result and the errors raised. ``cache``: use the result cache for this call (None: the
+        client's switch); an answer from it has the metric ``cached`` (``item.cached``).
         """
         self._manager()
         requests = chat_requests(
@@ -169,7 +184,13 @@ class BatchClient:
             custom_ids,
         )
         await self.provider.check_model(model)
-        batch = await self._run(requests, len(messages_batch), to_response, progress)
+        batch = await self._run(
+            requests,
+            len(messages_batch),
+            to_response,
+            progress,
+            cache=self.cache if cache is None else cache,
+        )
         response = BatchChatCompletionResponse(batch=batch)
         if raise_on_error and response.errors:
             raise BatchFailedError(response, response.errors)
@@ -187,6 +208,7 @@ class BatchClient:
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, CompletionResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchCompletionResponse:
         """Run one text completion per prompt; return the answers in input order.
 
@@ -198,7 +220,9 @@ class BatchClient:
         )
         await self.provider.check_model(model)
         n = len(content_batch)
-        batch = await self._run(requests, n, to_completion_response, progress, on_item)
+        batch = await self._run(
+            requests, n, to_completion_response, progress, on_item, self._cache(cache)
+        )
         return _checked(BatchCompletionResponse(batch=batch), raise_on_error)
 
     async def batch_loglikelihood(
@@ -210,6 +234,7 @@ class BatchClient:
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchLoglikelihoodResponse:
         """Score each continuation given its context; return the scores in input order.
 
@@ -225,7 +250,7 @@ class BatchClient:
         encoded = await encode_pairs(requests, tokenizer)
         limit = (await tokenizer.info()).max_model_len if tokenizer is not None else None
         scoring = loglikelihood_requests(model, encoded, limit, custom_ids)
-        batch = await self._run(scoring, n, to_loglikelihood, progress, on_item)
+        batch = await self._run(scoring, n, to_loglikelihood, progress, on_item, self._cache(cache))
         return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
 
     async def batch_loglikelihood_rolling(
@@ -237,6 +262,7 @@ class BatchClient:
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchLoglikelihoodResponse:
         """Score each whole text (perplexity); return the scores in input order.
 
@@ -261,7 +287,9 @@ class BatchClient:
             if left[i] == 0 and on_item is not None:
                 on_item(i, combine_windows([parts[k] for k in owners[i]]))
 
-        await self._run(windows, len(windows), to_loglikelihood, progress, window_done)
+        await self._run(
+            windows, len(windows), to_loglikelihood, progress, window_done, self._cache(cache)
+        )
         batch = [combine_windows([parts[j] for j in mine]) for mine in owners]
         return _checked(BatchLoglikelihoodResponse(batch=batch), raise_on_error)
 
@@ -275,6 +303,7 @@ class BatchClient:
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, EmbeddingResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchEmbeddingsResponse:
         """Embed each input; return the vectors in input order.
 
@@ -283,8 +312,18 @@ class BatchClient:
         self._serves(Endpoint.embeddings)
         requests = embedding_requests(model, inputs, encoding_format, custom_ids)
         await self.provider.check_model(model)
-        batch = await self._run(requests, len(inputs), to_embedding_response, progress, on_item)
+        batch = await self._run(
+            requests,
+            len(inputs),
+            to_embedding_response,
+            progress,
+            on_item,
+            self._cache(cache),
+        )
         return _checked(BatchEmbeddingsResponse(batch=batch), raise_on_error)
+
+    def _cache(self, cache: bool | None) -> bool:
+        return self.cache if cache is None else cache
 
     def _serves(self, endpoint: Endpoint) -> None:
         if endpoint not in self.provider.endpoints:
@@ -301,11 +340,15 @@ class BatchClient:
         decode: Callable[[Request, Result], R],
         progress: ProgressCallback | None,
         on_item: Callable[[int, R], None] | None = None,
+        cache: bool = False,
     ) -> list[R]:
-        """Run ``n`` requests (indexes ``0..n-1``) through the provider; ``decode`` each result
-        into its slot (and hand it to ``on_item`` as it finishes). Every slot is filled: the
-        primitive reports every request once."""
-        provider = self.provider
+        """Run ``n`` requests (indexes ``0..n-1``) through the provider (behind the result
+        cache with ``cache``); ``decode`` each result into its slot (and hand it to ``on_item``
+        as it finishes). Every slot is filled: the primitive reports every request once."""
+        provider: Provider = self.provider
+        if cache:
+            provider = await self._manager().cached_provider()
+            requests = number_repeats(requests)
         results: list[R | None] = [None] * n
         tracker = ProgressTracker(
             total=n, callback=progress, concurrency_limit=provider.concurrency_limit
@@ -348,8 +391,47 @@ class BatchClient:
         await self.batches.cancel(job_id)
 
     async def job_result(self, job_id: str) -> BatchResponse:
-        """One item per input line, in input order, each with its ``custom_id``."""
+        """One item per input line, in input order, each with its ``custom_id``. For a batch
+        that failed after validation (its files could not be written, ...): every committed
+        result, and ``batch_failed`` for lines without one."""
         return await self._manager().result(job_id)
+
+    # ------------------------------------------------------------------ dry run
+
+    async def estimate(
+        self,
+        file_id: str,
+        *,
+        tokenizer: str | os.PathLike[str] | None = None,
+        price_input: float | None = None,
+        price_output: float | None = None,
+        cache: bool | None = None,
+    ) -> BatchEstimate:
+        """What running the uploaded batch file ``file_id`` would take, without sending
+        anything: validation, requests (and how many identical greedy lines would be merged,
+        how many the result cache would answer), prompt tokens, the most output tokens and,
+        with prices in USD per million tokens, a cost. See :class:`BatchEstimate`.
+
+        Prompt tokens are counted with ``tokenizer`` (a local tokenizer directory), else with
+        the provider's own when it is local (``Provider.tokenizer_path``), else estimated
+        (``prompt_tokens_estimated``). ``cache``: count cache hits as the run would (None: the
+        client's switch).
+
+        Raises:
+            FileNotFoundInStoreError: unknown ``file_id``.
+            ConfigurationError: a ``tokenizer`` that cannot be loaded.
+        """
+        manager = self._manager()
+        path = await self.files.path(file_id)
+        use_cache = self.cache if cache is None else cache
+        return await estimate_file(
+            path,
+            self.provider,
+            await manager.result_cache() if use_cache else None,
+            tokenizer=tokenizer,
+            price_input=price_input,
+            price_output=price_output,
+        )
 
 
 _B = TypeVar("_B", BatchCompletionResponse, BatchLoglikelihoodResponse, BatchEmbeddingsResponse)

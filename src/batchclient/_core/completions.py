@@ -185,7 +185,8 @@ def to_completion_response(request: Request, result: Result) -> CompletionRespon
 
 
 def result_metrics(result: Result) -> list[MetricInResponse]:
-    """``usage`` token counts, time to first token and latency of one result (as for chat)."""
+    """``usage`` token counts, time to first token, latency and ``cached`` (an answer from the
+    result cache) of one result (as for chat)."""
     metrics = usage_metrics((result.body or {}).get("usage"))
     if result.ttft_s is not None:
         metrics.append(
@@ -193,4 +194,6 @@ def result_metrics(result: Result) -> list[MetricInResponse]:
         )
     if result.latency_s is not None:
         metrics.append(MetricInResponse(metric="latency", value=result.latency_s, unit="s"))
+    if result.cached:
+        metrics.append(MetricInResponse(metric="cached", value=1))
     return metrics

@@ -219,6 +219,8 @@ def _success(request: Request, result: Result) -> ChatCompletionResponse:
         metrics.append({"metric": "time_to_first_token", "value": result.ttft_s, "unit": "s"})
     if result.latency_s is not None:
         metrics.append({"metric": "latency", "value": result.latency_s, "unit": "s"})
+    if result.cached:
+        metrics.append({"metric": "cached", "value": 1})
     # one validation of the whole response (nested models built in pydantic-core) costs about
     # a third less than building each model on its own
     return ChatCompletionResponse.model_validate(

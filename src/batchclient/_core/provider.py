@@ -80,6 +80,19 @@ class Provider(abc.ABC):
         name."""
         return {"provider": type(self).__name__}
 
+    async def cache_identity(self, model: str) -> dict[str, Any]:
+        """What, besides the request, decides the answers of ``model`` here (JSON-serialisable,
+        never a secret): part of the result cache's key, so an answer is reused only by a
+        provider with the same identity. Default: :meth:`identity` plus the model name.
+        Providers that can tell which weights serve a name (remote: ``/v1/models``; inline:
+        the model path and engine arguments) say so, so swapped weights miss the cache."""
+        return {**self.identity(), "model": model}
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        """A local directory with the tokenizer of ``model`` (for counting prompt tokens in a
+        dry run), or None when there is none here. Default: None."""
+        return None
+
     def concurrency_limit(self) -> int | None:
         """The current number of requests allowed in flight, for progress reports (None:
         unknown)."""

@@ -34,7 +34,9 @@ class Request:
     for the prompt's log-probabilities): the ``(start, end)`` token positions of the prompt
     whose log-probabilities are summed. ``error`` is set when the request was refused before
     dispatch (a malformed message, an empty continuation): it is reported without being
-    executed.
+    executed. ``repeat`` numbers identical sampled requests of one call or file (0 for the
+    first): the result cache keeps one answer per repeat, so ``k`` samples of one prompt are
+    never one answer given ``k`` times.
     """
 
     index: int
@@ -46,6 +48,7 @@ class Request:
     tool_prompt_format: ToolPromptFormat | None = None
     score_span: tuple[int, int] | None = None
     error: BatchItemError | None = None
+    repeat: int = 0
 
 
 @dataclass(slots=True)
@@ -56,7 +59,8 @@ class Result:
     ``Completion``, ...), ``error`` None. API refusal: ``status_code`` 4xx/5xx, ``body``
     ``{"error": {...}}``, ``error`` set. No answer: ``status_code`` and ``body`` None, ``error``
     set. ``ttft_s`` and ``latency_s`` are seconds from dispatch (not from queueing);
-    ``attempts`` counts sends including retries.
+    ``attempts`` counts sends including retries. ``extra["cached"]`` is True for an answer
+    given by the result cache.
     """
 
     status_code: int | None
@@ -71,6 +75,11 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (nothing was sent)."""
+        return bool(self.extra.get("cached"))
 
 
 def item_error(

@@ -107,6 +107,7 @@ class ProgressTracker:
     concurrency_limit: Callable[[], int | None] = field(default=lambda: None)
     completed: int = 0
     failed: int = 0
+    cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     in_flight: int = 0
@@ -118,8 +119,10 @@ class ProgressTracker:
             self.completed += 1
         else:
             self.failed += 1
+        if result.cached:
+            self.cache_hits += 1
         usage = (result.body or {}).get("usage") if result.body else None
-        if isinstance(usage, dict):
+        if isinstance(usage, dict) and not result.cached:  # a cache hit generated nothing
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
         if self.callback is not None:
@@ -133,6 +136,7 @@ class ProgressTracker:
             total=self.total,
             completed=self.completed,
             failed=self.failed,
+            cache_hits=self.cache_hits,
             in_flight=self.in_flight,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,

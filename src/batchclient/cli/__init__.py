@@ -8,13 +8,16 @@ manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
     batchclient serve [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
                     --provider remote --base-url URL | --provider vllm [--model M]
+    batchclient run INPUT.jsonl ... [--cache] | --dry-run [--tokenizer DIR] [--price-input USD]
+                    [--price-output USD]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
+    batchclient cache stats | clear [--older-than 7d] [--model M]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
     batchclient lm-eval --provider remote --base-url URL --model NAME [--tokenizer DIR]
                       | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
                       -- <lm-eval arguments: --tasks ... --include_path ... --limit N>
 
-``run``, ``serve``, ``jobs`` and ``lm-eval`` take ``--state-dir`` (default
+``run``, ``serve``, ``jobs``, ``cache`` and ``lm-eval`` take ``--state-dir`` (default
 ``$BATCHCLIENT_STATE_DIR`` or the user data directory). Subcommands register themselves in
 :data:`COMMANDS`; add one with a
 function that takes the subparsers and the shared parent parser.
@@ -48,7 +51,8 @@ def _add_run(
         description="Run every request of an OpenAI batch input file and write the OpenAI batch "
         "output lines. Durable: results are committed to the state directory as they complete; "
         "run the same command again after an interruption and only unfinished requests are sent. "
-        "A finished job is not run again: its output files are rebuilt.",
+        "A finished job is not run again: its output files are rebuilt. --cache answers from the "
+        "result cache; --dry-run sends nothing and prints what a run would take.",
     )
     add_run_arguments(p)
     p.set_defaults(func=run_command)
@@ -61,6 +65,15 @@ def _add_jobs(
 
     p = sub.add_parser("jobs", parents=[common], help="list, inspect, cancel and export jobs")
     add_jobs_arguments(p, common)
+
+
+def _add_cache(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._cache import add_cache_arguments
+
+    p = sub.add_parser("cache", parents=[common], help="the result cache: stats, clear")
+    add_cache_arguments(p, common)
 
 
 def _add_bench(
@@ -133,7 +146,15 @@ def _add_lm_eval(
     p.set_defaults(func=lm_eval_command)
 
 
-COMMANDS: list[Register] = [_add_run, _add_serve, _add_jobs, _add_bench, _add_demo, _add_lm_eval]
+COMMANDS: list[Register] = [
+    _add_run,
+    _add_serve,
+    _add_jobs,
+    _add_cache,
+    _add_bench,
+    _add_demo,
+    _add_lm_eval,
+]
 """Subcommand registrars, in help order."""
 
 

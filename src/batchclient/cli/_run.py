@@ -9,8 +9,14 @@ fingerprints), kept in the job's metadata as ``batchclient_run``. Running the sa
 
 - attaches to the job if it is still active (this client resumed it on entry);
 - sends nothing if it completed, and rebuilds the output files (lm-evaluation-harness #2141);
-- otherwise (cancelled, expired, failed) starts a new job that reuses every successful result of
-  the previous one, so only what did not succeed is sent again.
+- resumes it if it failed after validation (its files could not be written, its state
+  directory failed under it): only requests without a result are sent, then the files are
+  written;
+- otherwise (cancelled, expired, refused at validation) starts a new job that reuses every
+  successful result of the previous one, so only what did not succeed is sent again.
+
+``--dry-run`` sends nothing: it validates the file and prints what a run would take
+(:func:`batchclient.jobs.estimate_file`). ``--cache`` runs the job behind the result cache.
 
 Guide: ``docs/jobs.md`` ("The CLI").
 """
@@ -36,10 +42,12 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from ..errors import ConfigurationError
+from ..jobs import JobManager, WriteRetry, describe, estimate_file
 from ..jobs._validate import is_blank, iter_lines, parse_line
 from ..types import Batch, Endpoint
 
@@ -49,7 +57,9 @@ _ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="OpenAI batch input file (JSONL)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output file (JSONL)")
+    p.add_argument(
+        "-o", "--output", type=Path, default=None, help="output file (JSONL; not with --dry-run)"
+    )
     p.add_argument(
         "--errors",
         type=Path,
@@ -63,6 +73,34 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="how long the job may run, e.g. 24h, 30m (default 24h)",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    dry = p.add_argument_group("dry run")
+    dry.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and print requests, cache hits, prompt and max output tokens and cost; "
+        "send nothing",
+    )
+    dry.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="count prompt tokens with this tokenizer (default: the model's when it is local, "
+        "else an estimate)",
+    )
+    dry.add_argument(
+        "--price-input",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="USD per million input tokens",
+    )
+    dry.add_argument(
+        "--price-output",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="USD per million output tokens",
+    )
 
 
 def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> None:
@@ -100,6 +138,11 @@ def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> 
         help="vllm: show everything vLLM prints (default: its warnings and errors only; "
         "BATCHCLIENT_VERBOSE=1 does the same)",
     )
+    p.add_argument(
+        "--cache",
+        action="store_true",
+        help="answer from the result cache in the state directory and fill it (successes only)",
+    )
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -108,6 +151,10 @@ def _check_paths(args: argparse.Namespace) -> None:
     inp: Path = args.input
     if not inp.is_file():
         raise ConfigurationError(f"input {inp} is not a file")
+    if args.dry_run:
+        return
+    if args.output is None:
+        raise ConfigurationError("-o/--output is required (except with --dry-run)")
     outputs = [("--output", args.output)] + ([("--errors", args.errors)] if args.errors else [])
     for flag, path in outputs:
         if _same(path, inp):
@@ -157,30 +204,81 @@ def make_provider(args: argparse.Namespace) -> Provider:
 
 
 def make_client(args: argparse.Namespace) -> BatchClient:
-    return BatchClient(make_provider(args), state_dir=getattr(args, "state_dir", None))
+    return BatchClient(
+        make_provider(args),
+        state_dir=getattr(args, "state_dir", None),
+        cache=getattr(args, "cache", False),
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
     _check_paths(args)
     client = make_client(args)
+    if args.dry_run:
+        return _dry_run(client, args)
     console = Console(stderr=True)
-    job = anyio.run(_run, client, args, console)
+    job, written = anyio.run(_run, client, args, console)
     counts, usage = job.request_counts, job.usage
+    hits = f"; {job.cache_hits} from the cache" if args.cache or job.cache_hits else ""
     print(
         f"{job.id}: {job.status}; {counts.completed} completed, {counts.failed} failed of "
-        f"{counts.total}; {usage.input_tokens} input / {usage.output_tokens} output tokens"
+        f"{counts.total}{hits}; {usage.input_tokens} input / {usage.output_tokens} output tokens"
     )
     if job.status == "failed":
         for error in (job.errors.data if job.errors else [])[:20]:
             where = f"line {error.line}: " if error.line else ""
             param = f" ({error.param})" if error.param else ""
             print(f"  {where}{error.code}{param}: {error.message}", file=sys.stderr)
+        if _all_results(job) and written is None:
+            print(f"output (every result, written all the same): {args.output}")
+        if job.in_progress_at is not None:
+            print(
+                "  every finished result is kept in the state directory: run the same command "
+                "again to finish the job",
+                file=sys.stderr,
+            )
+        return 1
+    if written is not None:
+        print(f"batchclient: {written}", file=sys.stderr)
         return 1
     print(f"output: {args.output}" + (f"; errors: {args.errors}" if args.errors else ""))
     return 0 if job.status == "completed" else 1
 
 
-async def _run(client: BatchClient, args: argparse.Namespace, console: Console) -> Batch:
+def _dry_run(client: BatchClient, args: argparse.Namespace) -> int:
+    """``--dry-run``: nothing is sent and no engine is started (the provider is not entered;
+    the remote one may ask ``GET /models`` for the model's identity and tokenizer)."""
+
+    async def go() -> Any:
+        cache = None
+        manager = JobManager(client.state_dir)
+        async with manager:
+            if args.cache and (client.state_dir / "batchclient.sqlite3").exists():
+                cache = await manager.result_cache()
+            try:
+                return await estimate_file(
+                    args.input,
+                    client.provider,
+                    cache,
+                    tokenizer=args.tokenizer,
+                    price_input=args.price_input,
+                    price_output=args.price_output,
+                    cache_on=args.cache,
+                )
+            finally:
+                await client.provider.stop()
+
+    estimate = anyio.run(go)
+    for line in describe(estimate):
+        print(line)
+    return 0 if estimate.ok else 1
+
+
+async def _run(
+    client: BatchClient, args: argparse.Namespace, console: Console
+) -> tuple[Batch, str | None]:
+    """Run (or attach to, resume, rebuild) the job; return it and, when the output could not
+    be written, why."""
     async with client:
         sha = await anyio.to_thread.run_sync(_sha256, args.input)
         identity = json.dumps(client.provider.identity(), sort_keys=True)
@@ -200,6 +298,12 @@ async def _run(client: BatchClient, args: argparse.Namespace, console: Console) 
         elif latest is not None and latest.status == "completed":
             job_id = latest.id
             console.print(f"job {job_id} already completed: nothing to send, rebuilding outputs")
+        elif latest is not None and latest.status == "failed" and latest.in_progress_at:
+            job_id = (await client.batches.resume(latest.id)).id
+            console.print(
+                f"resuming job {job_id}, which failed after validation: only requests without "
+                "a result are sent"
+            )
         else:
             reuse = latest.id if latest is not None and latest.status != "failed" else None
             record = await client.files.create(args.input)
@@ -216,9 +320,39 @@ async def _run(client: BatchClient, args: argparse.Namespace, console: Console) 
             note = f", reusing the successful results of {reuse}" if reuse else ""
             console.print(f"started job {job_id}{note}")
         job = await _follow(client, job_id, console, show=not args.no_progress)
-        if job.status != "failed":
-            await client.batches.export(job_id, args.output, args.errors)
-        return job
+        if job.status == "failed" and not _all_results(job):
+            return job, None
+        # a job that failed after its last result (its own files, its state directory) still
+        # gets its output written: the results may be readable only by this process
+        return job, await _export(client, job_id, args.output, args.errors)
+
+
+def _all_results(job: Batch) -> bool:
+    counts = job.request_counts
+    return job.in_progress_at is not None and counts.completed + counts.failed == counts.total
+
+
+async def _export(
+    client: BatchClient, job_id: str, output: Path, errors: Path | None
+) -> str | None:
+    """Write the output files, retried as a job's own files are; None, or why it failed."""
+    policy = WriteRetry()
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(policy.attempts),
+            wait=wait_exponential(multiplier=policy.initial_s, max=policy.max_s),
+            retry=retry_if_exception_type(OSError),
+            reraise=True,
+        ):
+            with attempt:
+                await client.batches.export(job_id, output, errors)
+    except OSError as exc:
+        reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+        return (
+            f"could not write {exc.filename or output}: {reason}; every result is kept in the "
+            "state directory: run the same command again to write it"
+        )
+    return None
 
 
 async def _follow(client: BatchClient, job_id: str, console: Console, *, show: bool) -> Batch:
@@ -228,6 +362,7 @@ async def _follow(client: BatchClient, job_id: str, console: Console, *, show: b
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[failed]} failed"),
+        TextColumn("{task.fields[cached]} cached"),
         TextColumn("{task.fields[tps]:.0f} tok/s"),
         TextColumn("ETA"),
         TimeRemainingColumn(),
@@ -237,7 +372,7 @@ async def _follow(client: BatchClient, job_id: str, console: Console, *, show: b
     start_tokens, started = job.usage.output_tokens, time.monotonic()
     with Progress(*columns, console=console, disable=not show, transient=False) as progress:
         task = progress.add_task(
-            job.status, total=job.request_counts.total or None, failed=0, tps=0.0
+            job.status, total=job.request_counts.total or None, failed=0, cached=0, tps=0.0
         )
         while True:
             counts = job.request_counts
@@ -248,10 +383,16 @@ async def _follow(client: BatchClient, job_id: str, console: Console, *, show: b
                 total=counts.total or None,
                 completed=counts.completed + counts.failed,
                 failed=counts.failed,
+                cached=job.cache_hits,
                 tps=(job.usage.output_tokens - start_tokens) / elapsed,
             )
             if job.status not in _ACTIVE:
                 return job
+            if not client.batches.running_here(job_id):
+                # it stopped here without reaching a terminal state: a failure that could not
+                # be recorded (a full disk) makes ``wait`` raise it; anything else returns
+                job = await client.batches.wait(job_id)
+                continue
             await anyio.sleep(0.25)
             job = await client.batches.retrieve(job_id)
 

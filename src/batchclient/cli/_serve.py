@@ -101,6 +101,7 @@ def serve_command(args: argparse.Namespace) -> int:
         api_keys=keys,
         max_upload_bytes=int(args.max_upload_mib * 1024 * 1024),
         max_sync_conversations=args.max_sync_conversations,
+        cache=args.cache,
     )
     logging.getLogger("batchclient.server").info(
         "provider %s; %d key(s)", json.dumps(provider.identity(), sort_keys=True), len(keys)

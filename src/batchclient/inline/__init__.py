@@ -1,5 +1,5 @@
 """The inline provider: a vLLM engine driven in-process (see :class:`VLLMBatchInference`)."""
 
-from ._client import VLLMBatchInference, VLLMProvider
+from ._client import OUTPUT_ENGINE_ARGS, VLLMBatchInference, VLLMProvider
 
-__all__ = ["VLLMBatchInference", "VLLMProvider"]
+__all__ = ["OUTPUT_ENGINE_ARGS", "VLLMBatchInference", "VLLMProvider"]

@@ -35,7 +35,7 @@ from ..errors import (
     ErrorCode,
     ModelNotFoundError,
 )
-from ..models import BUNDLED_MODEL_NAME, resolve_model
+from ..models import BUNDLED_MAX_MODEL_LEN, BUNDLED_MODEL_NAME, resolve_model
 from ..types import Endpoint
 from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body, resolve_max_tokens
 
@@ -45,7 +45,21 @@ if TYPE_CHECKING:
 _GENERATE = frozenset({Endpoint.chat_completions, Endpoint.completions})
 _POOLING = frozenset({Endpoint.embeddings})
 
-__all__ = ["VLLMBatchInference", "VLLMProvider"]
+__all__ = ["OUTPUT_ENGINE_ARGS", "VLLMBatchInference", "VLLMProvider"]
+
+OUTPUT_ENGINE_ARGS = frozenset(
+    {
+        "code_revision", "convert", "dtype", "generation_config", "hf_config_path",
+        "hf_overrides", "kv_cache_dtype", "logits_processors", "logprobs_mode", "max_logprobs",
+        "max_model_len", "model_impl", "model_weights", "override_generation_config",
+        "pooler_config", "quantization", "quantization_config", "reasoning_parser", "revision",
+        "runner", "seed", "tokenizer", "tokenizer_mode", "tokenizer_revision", "use_fp64_gumbel",
+        "watermark", "watermark_config", "load_format",
+    }
+)  # fmt: skip
+"""vLLM engine arguments that change answers (weights, precision, context, sampling
+defaults, seed); part of the result cache's key. Memory, parallelism and scheduling arguments
+change speed, not answers, and are left out."""
 
 _INSTALL_HINT = (
     "the inline provider needs vLLM: pip install 'batchclient[vllm]' (GPU) or "
@@ -79,6 +93,8 @@ class VLLMBatchInference(BatchClient):
         verbose: show everything vLLM prints (about 66 INFO lines per engine start); by
             default only its warnings and errors. ``BATCHCLIENT_VERBOSE=1`` in the environment
             does the same as True; a ``VLLM_LOGGING_LEVEL`` set there always wins.
+        cache: use the result cache in ``state_dir`` for every call and batch (default False;
+            see :class:`~batchclient.BatchClient`).
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
             ``max_model_len``, ``dtype``, ``tensor_parallel_size``,
             ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``served_model_name``,
@@ -115,6 +131,7 @@ class VLLMBatchInference(BatchClient):
         tool_call_parser: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         verbose: bool = False,
+        cache: bool = False,
         **engine_args: Any,
     ) -> None:
         provider = VLLMProvider(
@@ -124,7 +141,7 @@ class VLLMBatchInference(BatchClient):
             verbose=verbose,
             **engine_args,
         )
-        super().__init__(provider, state_dir=state_dir)
+        super().__init__(provider, state_dir=state_dir, cache=cache)
 
 
 class VLLMProvider(Provider):
@@ -155,6 +172,7 @@ class VLLMProvider(Provider):
         self._vllm: ModuleType | None = None  # the ._engine module, imported on start
         self._names: frozenset[str] = frozenset()
         self._served: list[str] = []  # the served names alone (no paths), for listings
+        self._model_ref: str | None = None
         # Engine request ids: a per-client random prefix and a counter, never anything the
         # caller supplied (two clients or two calls can never collide).
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -195,6 +213,7 @@ class VLLMProvider(Provider):
                     f"unknown tool_call_parser {self.tool_call_parser!r}"
                 ) from None
         served, ref = resolve_model(self.model)
+        self._model_ref = os.path.abspath(ref) if os.path.exists(ref) else str(ref)
         bundled = self.model is None or self.model == BUNDLED_MODEL_NAME
         given = dict(self.engine_args)
         if not is_verbose(self.verbose):
@@ -236,6 +255,36 @@ class VLLMProvider(Provider):
         """The loaded model's served names (``smollm2`` for the bundled one); empty before
         ``start``."""
         return list(self._served)
+
+    async def cache_identity(self, model: str) -> dict[str, Any]:
+        """The model's resolved path (the bundled one's folder is named after its GGUF's
+        hash), the engine arguments in :data:`OUTPUT_ENGINE_ARGS` (with batchclient's default
+        ``max_model_len`` for the bundled model) and the ``tool_call_parser``. Needs no
+        engine: a dry run computes the same identity as the run."""
+        path = await anyio.to_thread.run_sync(self._model_path)
+        args = {k: v for k, v in sorted(self.engine_args.items()) if k in OUTPUT_ENGINE_ARGS}
+        if self.model is None or self.model == BUNDLED_MODEL_NAME:
+            args.setdefault("max_model_len", BUNDLED_MAX_MODEL_LEN)
+        return {
+            "provider": "vllm",
+            "model": model,
+            "model_path": path,
+            "engine_args": args,
+            "tool_call_parser": self.tool_call_parser,
+        }
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        """The model's directory, when it is one (a hub id gives None)."""
+        path = await anyio.to_thread.run_sync(self._model_path)
+        return path if await anyio.Path(path).is_dir() else None
+
+    def _model_path(self) -> str:
+        """The model to load, as an absolute path when it is a local directory (may convert
+        the bundled model once; see ``batchclient.models.bundled_model_path``)."""
+        if self._model_ref is None:
+            _, ref = resolve_model(self.model)
+            self._model_ref = os.path.abspath(ref) if os.path.exists(ref) else str(ref)
+        return self._model_ref
 
     async def check_model(self, model: str) -> None:
         if model not in self._names:

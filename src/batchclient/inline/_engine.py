@@ -35,11 +35,10 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from ..models import BUNDLED_MAX_MODEL_LEN
+
 DEFAULT_KV_CACHE_BYTES = 2 << 30
 """KV cache size on CPU when nothing else sizes it (2 GiB: about 58k tokens of SmolLM2-135M)."""
-
-BUNDLED_MAX_MODEL_LEN = 2048
-"""Context length (tokens) of the bundled model when ``max_model_len`` is not given."""
 
 ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 """The engine arguments this vLLM accepts (``AsyncEngineArgs`` fields)."""

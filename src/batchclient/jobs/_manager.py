@@ -12,6 +12,15 @@ Leases: a running job's row names its ``owner`` (host, pid, a random token) and 
 ``heartbeat_at`` refreshed every second; only orphaned jobs (the owner's pid is dead on this
 host, or its heartbeat is older than :data:`LEASE_S`) are resumed. A cancel from another process
 marks the job ``cancelling``; its owner stops it at its next heartbeat. Guide: ``docs/jobs.md``.
+
+The result cache (:mod:`batchclient.cache`) is opened with the database when ``cache=True`` or
+a batch asks for it; :meth:`JobManager.cached_provider` is the provider behind it that calls and
+batches share.
+
+Late failures: a batch whose files cannot be written, or whose state directory fails under it
+after validation, ends ``failed`` (or, when even that cannot be recorded, stays active and is
+resumed like a crashed one); its committed results stay readable (``job_result``) and
+:meth:`JobManager.resume` takes it up again, sending only what has no result.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import math
 import os
 import secrets
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +44,7 @@ from anyio import to_thread
 from anyio.abc import TaskGroup
 
 from .._core.provider import Provider
+from ..cache import CachedProvider, ResultCache
 from ..errors import ConfigurationError, JobError, JobStateError
 from ..types import (
     Batch,
@@ -48,8 +59,9 @@ from ..types import (
 )
 from ._files import Files
 from ._output import iter_output_lines, response_for, write_lines
+from ._recovery import failure_of, late_result, reopen
 from ._runner import RunningJob, finalize, parse_window, run_job
-from ._store import ACTIVE, Store, default_state_dir, now
+from ._store import ACTIVE, DB_NAME, Store, default_state_dir, now
 
 LEASE_S = 10.0
 """A job whose owner has not refreshed its heartbeat for this many seconds is orphaned."""
@@ -77,18 +89,24 @@ class JobManager:
     """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
     provider identity matches on entry); without one it can only inspect, cancel and export.
-    ``files`` and ``batches`` are the same calls as a client's."""
+    ``files`` and ``batches`` are the same calls as a client's. ``cache``: batches created here
+    use the result cache unless they say otherwise (``batches.create(..., cache=False)``)."""
 
     def __init__(
         self,
         state_dir: str | os.PathLike[str] | None = None,
         *,
         provider: Provider | None = None,
+        cache: bool = False,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
         self._provider = provider
+        self.cache = cache
+        self._result_cache: ResultCache | None = None
+        self._cached: CachedProvider | None = None
+        self._failures: dict[str, BatchError] = {}
         self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
@@ -127,6 +145,9 @@ class JobManager:
         if host is not None and self._stop is not None:
             self._stop.set()  # pauses running jobs; they release their leases
             await host
+        if self._result_cache is not None:
+            await to_thread.run_sync(self._result_cache.close)
+            self._result_cache = self._cached = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -154,6 +175,22 @@ class JobManager:
             if self._provider is not None:
                 self._tg.start_soon(self._heartbeat)
         return self._store
+
+    async def result_cache(self) -> ResultCache:
+        """The result cache of the state directory (its table is created on first use)."""
+        await self.store()
+        if self._result_cache is None:
+            self._result_cache = await to_thread.run_sync(ResultCache, self.state_dir / DB_NAME)
+        return self._result_cache
+
+    async def cached_provider(self) -> CachedProvider:
+        """The manager's provider behind the result cache (one per manager: calls and batches
+        share it). Raises ``ConfigurationError`` without a provider."""
+        if self._provider is None:
+            raise ConfigurationError("this job manager has no provider")
+        if self._cached is None:
+            self._cached = CachedProvider(self._provider, await self.result_cache())
+        return self._cached
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         await self.store()
@@ -192,12 +229,18 @@ class JobManager:
         assert self._store is not None and self._provider is not None
         store = self._store
         try:
-            await run_job(store, self._provider, running)
+            row = await to_thread.run_sync(store.job_row, running.job_id)
+            cached = bool(self.cache if row["cache"] is None else row["cache"])
+            provider = await self.cached_provider() if cached else self._provider
+            await run_job(store, provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
-            error = BatchError(code="internal_error", message=f"{type(exc).__name__}: {exc}")
-            with anyio.CancelScope(shield=True):
+            error = failure_of(exc, self.state_dir)
+            self._failures[running.job_id] = error
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                # when even this fails (a full disk) the job stays active: it is resumed like
+                # a crashed one, and ``wait`` raises the failure kept above
                 await to_thread.run_sync(
                     lambda: store.update_job(
                         running.job_id,
@@ -210,14 +253,18 @@ class JobManager:
         finally:
             self._running.pop(running.job_id, None)
             running.done.set()
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await to_thread.run_sync(store.release, running.job_id, self.owner)
 
     async def _heartbeat(self) -> None:
         store = self._store
         assert store is not None
         while True:
-            for job_id, status in await to_thread.run_sync(store.heartbeat, self.owner):
+            try:
+                leases = await to_thread.run_sync(store.heartbeat, self.owner)
+            except (OSError, sqlite3.Error):  # a full disk, say: the jobs report it themselves
+                leases = []
+            for job_id, status in leases:
                 running = self._running.get(job_id)
                 if status == "cancelling" and running is not None:
                     running.cancel_requested = True
@@ -234,6 +281,7 @@ class JobManager:
         completion_window: str = "24h",
         metadata: dict[str, str] | None = None,
         reuse_results_from: str | None = None,
+        cache: bool | None = None,
     ) -> Batch:
         """Create a batch over an uploaded file and start it; see :meth:`Batches.create`."""
         if self._provider is None:
@@ -276,6 +324,7 @@ class JobManager:
                 "metadata": json.dumps(metadata) if metadata else None,
                 "identity": self._identity,
                 "seed_job_id": reuse_results_from,
+                "cache": int(self.cache if cache is None else cache),
                 "owner": self.owner,
                 "heartbeat_at": time.time(),
             },
@@ -317,6 +366,12 @@ class JobManager:
             job = await self.info(job_id)
             if job.status not in ACTIVE:
                 return job
+            failure = self._failures.get(job_id)
+            if failure is not None and not self.is_running_here(job_id):
+                raise JobError(
+                    f"job {job_id} stopped ({failure.code}: {failure.message}); its results "
+                    "are kept: it resumes on the next client on this state directory"
+                )
             if running is None:
                 await anyio.sleep(0.2)
 
@@ -372,13 +427,15 @@ class JobManager:
         store = await self.store()
         row = await self._call(store.job_row, job_id)
         status = row["status"]
-        if status == "failed":
+        if status == "failed" and row["in_progress_at"] is None:
             errors = json.loads(row["errors"] or "[]")
             first = errors[0] if errors else {}
             detail = f"; first: {first.get('code')}: {first.get('message')}" if first else ""
             raise JobStateError(f"job {job_id} failed ({len(errors)} error(s){detail})")
         if status in ACTIVE:
             raise JobStateError(f"job {job_id} is {status}; wait for it (job_wait) first")
+        if status == "failed":  # after validation: every committed result, the rest as failed
+            return await to_thread.run_sync(late_result, store, job_id)
 
         endpoint = Endpoint(row["endpoint"])
 
@@ -390,6 +447,24 @@ class JobManager:
             raise JobError(f"job {job_id} has {len(batch)} results for {row['total']} lines")
         kind = _RESPONSES[endpoint]
         return kind(batch=batch)
+
+    async def resume(self, job_id: str) -> Batch:
+        """Take up a batch that failed after validation; see :meth:`Batches.resume`."""
+        if self._provider is None:
+            raise ConfigurationError("this job manager has no provider: it cannot run jobs")
+        store = await self.store()
+        row = await self._call(store.job_row, job_id)
+        if row["identity"] != self._identity:
+            raise ConfigurationError(
+                f"job {job_id} ran on another provider ({row['identity']}); resume it with a "
+                "client like that one"
+            )
+        if not self._orphaned(row["owner"], row["heartbeat_at"]):
+            raise JobStateError(f"job {job_id} is being run by {row['owner']}")
+        await self._call(reopen, store, job_id, self.owner, row["owner"])
+        self._failures.pop(job_id, None)
+        self._start(job_id)
+        return await self.info(job_id)
 
     async def write_lines(self, job_id: str, stream: IO[bytes]) -> None:
         """Write every finished line of the job (output and error lines, in input order) to a
@@ -510,6 +585,18 @@ class Batches:
         manager = self._manager()
         await manager.cancel(batch_id)
         return await manager.info(batch_id)
+
+    async def resume(self, batch_id: str) -> Batch:
+        """Take up a batch that failed after validation (its output files could not be
+        written, its state directory failed under it): it is ``in_progress`` again, sends only
+        the requests without a result (none, when only the files failed), then writes its
+        files. ``batchclient run`` does this when run again. Returns the batch.
+
+        Raises:
+            JobStateError: the batch did not fail after validation, or another process runs it.
+            ConfigurationError: it ran on a provider with another identity.
+        """
+        return await self._manager().resume(batch_id)
 
     def running_here(self, batch_id: str) -> bool:
         """Whether this client (this process) is running the batch right now."""

@@ -18,9 +18,12 @@ import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 from .._core.completions import to_completion_response
 from .._core.decode import to_response
@@ -83,7 +86,7 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
     tokens_in = tokens_out = 0
-    if isinstance(usage, dict):
+    if isinstance(usage, dict) and not result.cached:  # a cache hit generated nothing
         tokens_in = _int(usage.get("prompt_tokens"))
         tokens_out = _int(usage.get("completion_tokens"))
     request_id = result.request_id
@@ -99,12 +102,37 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
         request_id=request_id,
         input_tokens=tokens_in,
         output_tokens=tokens_out,
+        cached=result.cached,
+    )
+    return with_line(job_id, row)
+
+
+def merged_row(job_id: str, answered: ResultRow, seq: int, custom_id: str) -> ResultRow:
+    """The row of a line merged into an identical one: the same answer (and verdict, and
+    ``cached`` mark) under its own ``seq`` and ``custom_id``; no tokens (nothing more was
+    generated)."""
+    row = ResultRow(
+        seq=seq,
+        custom_id=custom_id,
+        ok=answered.ok,
+        status_code=answered.status_code,
+        body=answered.body,
+        error=answered.error,
+        request_id=answered.request_id,
+        cached=answered.cached,
+        merged=True,
     )
     return with_line(job_id, row)
 
 
 def with_line(job_id: str, row: ResultRow) -> ResultRow:
-    row.line = json.dumps(output_line(job_id, row), ensure_ascii=False, separators=(",", ":"))
+    """Set ``row.line``: compact UTF-8 JSON (orjson, several times faster than ``json`` for
+    the bodies of a job; ``json`` for what orjson refuses, such as integers over 64 bits)."""
+    line = output_line(job_id, row)
+    try:
+        row.line = orjson.dumps(line).decode()
+    except TypeError:
+        row.line = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     return row
 
 
@@ -117,7 +145,11 @@ def response_for(row: ResultRow, endpoint: Endpoint = Endpoint.chat_completions)
     ``ChatCompletionResponse``, ``CompletionResponse`` or ``EmbeddingResponse`` by the batch's
     endpoint."""
     result = Result(
-        status_code=row.status_code, body=row.body, error=row.error, request_id=row.request_id
+        status_code=row.status_code,
+        body=row.body,
+        error=row.error,
+        request_id=row.request_id,
+        extra={"cached": True} if row.cached else {},
     )
     request = Request(index=row.seq, body={}, endpoint=endpoint, custom_id=row.custom_id)
     return _DECODE[endpoint](request, result)
@@ -152,15 +184,23 @@ def iter_output_lines(store: Store, job_id: str, *, ok: bool | None = None) -> I
 
 def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:
     """Write lines to ``path`` atomically (a temporary file in the same directory, then
-    ``os.replace``); return (bytes written, SHA-256)."""
+    ``os.replace``); return (bytes written, SHA-256). On failure nothing is left behind and
+    an older ``path`` is untouched."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     size = 0
-    with open_private(tmp) as f:
-        size = _copy(lines, f, digest)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open_private(tmp) as f:
+            size = _copy(lines, f, digest)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno:  # name the file asked for, not the temporary
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     return size, digest.hexdigest()
 
 
@@ -181,28 +221,54 @@ def _copy(lines: Iterator[bytes], f: IO[bytes], digest: Any) -> int:
     return size + len(chunk)
 
 
+class OutputWriteError(Exception):
+    """Writing a job's output or error file failed: ``path`` is the file, ``cause`` the OS or
+    SQLite error."""
+
+    def __init__(self, what: str, path: Path, cause: BaseException) -> None:
+        self.path = path
+        self.cause = cause
+        if isinstance(cause, OSError) and cause.strerror:
+            reason = f"[Errno {cause.errno}] {cause.strerror}"
+        else:
+            reason = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"could not write {what} {path}: {reason}")
+
+
 def write_job_files(store: Store, job_id: str) -> tuple[str | None, str | None]:
     """Write the job's output and error files (purpose ``batch_output``) into the store;
     return their ids (None for a file that would be empty). Files of an earlier, interrupted
-    attempt at this are replaced."""
+    attempt at this are replaced. Raises :class:`OutputWriteError` naming the file that could
+    not be written (or recorded) and why."""
     ids: list[str | None] = []
     for ok, kind in ((True, "output"), (False, "error")):
         file_id = f"file-{job_id.removeprefix('batch_')}-{kind}"
-        with contextlib.suppress(KeyError):  # left by an interrupted earlier attempt
-            store.delete_file(file_id)
         path = store.file_path(file_id)
-        size, sha = write_lines(iter_output_lines(store, job_id, ok=ok), path)
-        if size == 0:
-            path.unlink(missing_ok=True)
-            ids.append(None)
-            continue
-        record = FileObject(
-            id=file_id,
-            bytes=size,
-            created_at=now(),
-            filename=f"{job_id}_{kind}.jsonl",
-            purpose="batch_output",
-        )
-        store.add_file(record, sha)
-        ids.append(file_id)
+        try:
+            ids.append(_write_job_file(store, job_id, ok, kind, file_id, path))
+        except (OSError, sqlite3.Error) as exc:
+            raise OutputWriteError(f"the {kind} file", path, exc) from exc
     return ids[0], ids[1]
+
+
+def _write_job_file(
+    store: Store, job_id: str, ok: bool, kind: str, file_id: str, path: Path
+) -> str | None:
+    with contextlib.suppress(KeyError):  # left by an interrupted earlier attempt
+        store.delete_file(file_id)
+    # the folder may have been removed under a long job: make it again (a file in its place
+    # is an error to report, not to remove)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size, sha = write_lines(iter_output_lines(store, job_id, ok=ok), path)
+    if size == 0:
+        path.unlink(missing_ok=True)
+        return None
+    record = FileObject(
+        id=file_id,
+        bytes=size,
+        created_at=now(),
+        filename=f"{job_id}_{kind}.jsonl",
+        purpose="batch_output",
+    )
+    store.add_file(record, sha)
+    return file_id

@@ -8,6 +8,12 @@ transaction holding it has committed before it takes the next request. So a requ
 durable or still counted in the in-flight window, and a crash re-sends at most ``window``
 requests on resume. Results that complete while a commit runs are committed together (group
 commit), so the write rate follows the result rate without one transaction per result.
+
+Identical deterministic lines are sent once (:mod:`._plan`): the lines merged into a sent one
+are committed in the same transaction as its result. Writing the output files is retried
+(:data:`WRITE_RETRY`); when it still fails the job is ``failed`` with ``output_write_failed``,
+every result stays committed, and :meth:`JobManager.resume` finishes it without sending a
+finished request.
 """
 
 from __future__ import annotations
@@ -22,17 +28,41 @@ from typing import IO, Any
 import anyio
 import anyio.lowlevel
 from anyio import to_thread
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scheduler import run_requests
 from ..errors import ErrorCode, ModelNotFoundError
 from ..types import BatchError, Endpoint
-from ._output import request_for, row_for, with_line, write_job_files
+from ._output import (
+    OutputWriteError,
+    merged_row,
+    request_for,
+    row_for,
+    with_line,
+    write_job_files,
+)
+from ._plan import JobLinePlanner
 from ._store import ResultRow, Store, now
 from ._validate import RequestLine, iter_requests, validate_batch_file
 
 _BLOCK = 256  # input lines parsed per thread hop
+
+
+@dataclass(frozen=True)
+class WriteRetry:
+    """How often writing a job's output files is tried (``attempts``), with exponential
+    backoff from ``initial_s`` up to ``max_s`` seconds between tries (a full disk or a busy
+    network file system may recover within seconds)."""
+
+    attempts: int = 5
+    initial_s: float = 0.1
+    max_s: float = 2.0
+
+
+WRITE_RETRY = WriteRetry()
+"""The policy :func:`finalize` uses (five tries within about 1.5 s)."""
 
 
 @dataclass
@@ -61,6 +91,9 @@ class RequestSource:
         self._lines: Iterator[RequestLine] = iter_requests(self._file)
         self._buffer: list[Request] = []
         self._exhausted = False
+        self.merged: dict[int, list[tuple[int, str]]] = {}
+        """``{seq of a request handed out: [(seq, custom_id) of the lines merged into it]}``;
+        the job pops an entry when that request's result arrives."""
 
     def __aiter__(self) -> RequestSource:
         return self
@@ -83,12 +116,20 @@ class RequestSource:
             if not block:
                 self._exhausted = True
                 return []
-            done = self._store.finished_seqs(self._job_id, block[0].seq, block[-1].seq)
-            todo = [
-                request_for(r.seq, r.custom_id, r.body, self._endpoint)
-                for r in block
-                if r.seq not in done
-            ]
+            lo, hi = block[0].seq, block[-1].seq
+            done = self._store.finished_seqs(self._job_id, lo, hi)
+            marks = self._store.job_lines(self._job_id, lo, hi)
+            merged = self._store.merged_into(self._job_id, lo, hi)
+            todo = []
+            for r in block:
+                same_as, repeat = marks.get(r.seq, (None, 0))
+                if r.seq in done or same_as is not None:  # merged: answered with its line
+                    continue
+                request = request_for(r.seq, r.custom_id, r.body, self._endpoint)
+                request.repeat = repeat
+                if r.seq in merged:
+                    self.merged[r.seq] = merged[r.seq]
+                todo.append(request)
             if todo:
                 return todo
 
@@ -106,8 +147,9 @@ class GroupCommit:
         self._committed = anyio.Event()
         self._busy = False
 
-    async def put(self, row: ResultRow) -> None:
-        self._rows.append(row)
+    async def put(self, rows: list[ResultRow]) -> None:
+        """Queue ``rows`` (committed in one transaction); return once they are durable."""
+        self._rows.extend(rows)
         if self._busy:  # the current committer takes this row in its next transaction
             await self._committed.wait()
             return
@@ -153,8 +195,10 @@ def parse_window(window: str) -> float:
 
 
 async def run_job(store: Store, provider: Provider, running: RunningJob) -> None:
-    """Run (or resume) one job to a terminal state. Raises only cancellation (the client is
-    closing: the job stays active and resumes on the next ``async with``)."""
+    """Run (or resume) one job to a terminal state. Raises cancellation (the client is
+    closing: the job stays active and resumes on the next ``async with``) and what the state
+    directory raises while results are committed (a full disk: the job stays active too, with
+    every committed result)."""
     job_id = running.job_id
     row = await to_thread.run_sync(store.job_row, job_id)
     remaining = float(row["expires_at"] or 0) - time.time()
@@ -164,12 +208,12 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
             return
         if row["status"] in ("validating", "in_progress"):
             await _process(store, provider, job_id, row)
-    status = (await to_thread.run_sync(store.job_row, job_id))["status"]
-    if running.cancel_requested or status == "cancelling":
+    row = await to_thread.run_sync(store.job_row, job_id)
+    if running.cancel_requested or row["status"] == "cancelling":
         await finalize(store, job_id, "cancelled")
-    elif running.scope.cancelled_caught:
+    elif running.scope.cancelled_caught and row["completed"] + row["failed"] < row["total"]:
         await finalize(store, job_id, "expired")
-    else:
+    else:  # every line has its result (also when the window closed just after the last)
         await finalize(store, job_id, "completed")
 
 
@@ -179,8 +223,14 @@ async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
     await to_thread.run_sync(store.delete_results, job_id)  # a restarted validation starts clean
 
     def validate() -> Any:
-        with path.open("rb") as f:
-            return validate_batch_file(f, endpoint=row["endpoint"])
+        planner = JobLinePlanner(store, job_id, row["endpoint"])
+        report = None
+        try:
+            with path.open("rb") as f:
+                report = validate_batch_file(f, endpoint=row["endpoint"], on_request=planner)
+        finally:
+            planner.finish(keep=report is not None and report.ok)
+        return report
 
     report = await to_thread.run_sync(validate)
     errors: list[BatchError] = list(report.errors)
@@ -197,6 +247,7 @@ async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
                 )
             ]
     if errors:
+        await to_thread.run_sync(store.delete_results, job_id)  # and the planned lines
         await to_thread.run_sync(
             lambda: store.update_job(
                 job_id,
@@ -223,18 +274,37 @@ async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
 
 
 async def _process(store: Store, provider: Provider, job_id: str, row: Any) -> None:
+    await to_thread.run_sync(_answer_merged_lines, store, job_id)
     path = store.file_path(row["input_file_id"])
     source = RequestSource(store, job_id, path, Endpoint(row["endpoint"]))
     writer = GroupCommit(store, job_id)
 
     async def on_result(request: Request, result: Result) -> None:
-        await writer.put(row_for(job_id, request, result))
+        answered = row_for(job_id, request, result)
+        rows = [answered]
+        for seq, custom_id in source.merged.pop(request.index, ()):
+            rows.append(merged_row(job_id, answered, seq, custom_id))
+        await writer.put(rows)
 
     try:
         await run_requests(provider.execute, source, window=provider.window(), on_result=on_result)
     finally:
-        writer.flush()
-        source.close()
+        try:
+            writer.flush()
+        finally:
+            source.close()
+
+
+def _answer_merged_lines(store: Store, job_id: str) -> None:
+    """Give merged lines still without a result the answer of the line they were merged into
+    when that line has one already (results copied from an earlier batch that sent both)."""
+    rows = []
+    for seq, custom_id, same_as in store.unanswered_merged(job_id):
+        answered = store.result_row(job_id, same_as)
+        if answered is not None:
+            rows.append(merged_row(job_id, answered, seq, custom_id))
+    if rows:
+        store.commit_results(job_id, rows)
 
 
 async def finalize(store: Store, job_id: str, outcome: str) -> None:
@@ -242,6 +312,9 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
     ``batch_cancelled`` / ``batch_expired``, then the output and error files are written.
     Shielded: once started it finishes even if the client closes."""
     with anyio.CancelScope(shield=True):
+        # results written to a database nobody else can see are not kept: say so (the caller
+        # fails the batch with storage_error; this process can still read them)
+        await to_thread.run_sync(store.check_in_place)
         if outcome == "completed":
             await to_thread.run_sync(
                 lambda: store.update_job(
@@ -250,7 +323,20 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
             )
         else:
             await to_thread.run_sync(_fill_unfinished, store, job_id, outcome)
-        output_id, error_id = await to_thread.run_sync(write_job_files, store, job_id)
+        try:
+            output_id, error_id = await _write_files(store, job_id)
+        except OutputWriteError as exc:
+            error = BatchError(code=ErrorCode.output_write_failed.value, message=str(exc))
+            await to_thread.run_sync(
+                lambda: store.update_job(
+                    job_id,
+                    where_status=("in_progress", "finalizing", "cancelling", "validating"),
+                    status="failed",
+                    failed_at=now(),
+                    errors=[error.model_dump(exclude_none=True)],
+                )
+            )
+            return
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
         await to_thread.run_sync(
             lambda: store.update_job(
@@ -262,6 +348,20 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
                 **{stamp[outcome]: now()},
             )
         )
+
+
+async def _write_files(store: Store, job_id: str) -> tuple[str | None, str | None]:
+    """``write_job_files`` with :data:`WRITE_RETRY`; raises the last ``OutputWriteError``."""
+    policy = WRITE_RETRY
+    async for attempt in AsyncRetrying(
+        stop=stop_after_attempt(policy.attempts),
+        wait=wait_exponential(multiplier=policy.initial_s, max=policy.max_s),
+        retry=retry_if_exception_type(OutputWriteError),
+        reraise=True,
+    ):
+        with attempt:
+            return await to_thread.run_sync(write_job_files, store, job_id)
+    raise AssertionError("unreachable: tenacity either returns or reraises")
 
 
 def _fill_unfinished(store: Store, job_id: str, outcome: str) -> None:

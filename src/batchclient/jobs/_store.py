@@ -2,9 +2,14 @@
 directory, plus the files themselves under ``files/``.
 
 Tables: ``files`` (the OpenAI file records and each file's SHA-256), ``jobs`` (the OpenAI batch
-record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``) and
-``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding its finished
-output or error line, so writing the files at the end only concatenates text).
+record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``),
+``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding the line of
+the output or error file it becomes, serialised once when it is committed, so that writing the
+files at the end only concatenates text) and ``job_lines`` (the lines of a job that are not sent
+as they are: ``same_as`` an identical greedy line earlier in the file, whose answer they get, or
+a ``repeat`` index > 0 for the k-th identical sampled line). The result cache keeps its own
+table in the same database (:mod:`batchclient.cache`). Columns added since the first release
+are added to older databases when they are opened.
 
 Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
 process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
@@ -22,6 +27,8 @@ its own mode (it may be a directory the caller chose for other things too).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -64,7 +71,18 @@ CREATE TABLE IF NOT EXISTS results(
     status_code INTEGER, error TEXT, line TEXT NOT NULL,
     input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(job_id, seq));
+CREATE TABLE IF NOT EXISTS job_lines(
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, custom_id TEXT NOT NULL, same_as INTEGER,
+    repeat INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_lines_same_as ON job_lines(job_id, same_as);
 """
+_ADDED_COLUMNS = {
+    "jobs": ("cache INTEGER", "cache_hits INTEGER NOT NULL DEFAULT 0"),
+    "results": ("cached INTEGER NOT NULL DEFAULT 0",),
+}
+_RESULT_COLUMNS = (
+    "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached"
+)
 _TIMESTAMPS = (
     "in_progress_at",
     "expires_at",
@@ -87,7 +105,10 @@ def now() -> int:
 @dataclass(slots=True)
 class ResultRow:
     """One finished request line. ``ok`` is the verdict counted in ``request_counts``;
-    ``line`` the JSON text of its output/error file line (set before committing)."""
+    ``line`` the JSON text of its output/error file line (set before committing); ``cached``
+    whether the result cache gave it; ``merged`` (not stored) that it is the answer of an
+    identical line, so it is not counted again in the job's ``cache_hits``. Tokens count what
+    was generated for this job (0 for a cache hit or a copy of an identical line's answer)."""
 
     seq: int
     custom_id: str
@@ -99,6 +120,8 @@ class ResultRow:
     input_tokens: int = 0
     output_tokens: int = 0
     line: str = ""
+    cached: bool = False
+    merged: bool = False
 
 
 class Store:
@@ -121,14 +144,30 @@ class Store:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._opened = _file_id(state_dir / DB_NAME)
         with self._lock, self._tx():
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for column in columns:
+                    if column.split()[0] not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
     @staticmethod
     def exists(state_dir: Path) -> bool:
         return (state_dir / DB_NAME).exists()
+
+    def check_in_place(self) -> None:
+        """Raise ``FileNotFoundError`` when the database this store has open is no longer the
+        file at its path (the state directory was moved, removed or replaced under it: what
+        is written now would be seen by no other process)."""
+        path = self.state_dir / DB_NAME
+        if _file_id(path) != self._opened:
+            raise FileNotFoundError(
+                errno.ENOENT, "the database open here is no longer at this path", str(path)
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -271,11 +310,12 @@ class Store:
     def commit_results(self, job_id: str, rows: list[ResultRow]) -> None:
         """Insert finished rows (a row already there is left alone) and grow the job's request
         counts and usage by exactly the rows inserted, in one transaction."""
-        ok = bad = tokens_in = tokens_out = 0
+        ok = bad = tokens_in = tokens_out = hits = 0
         with self._lock, self._tx():
             for row in rows:
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         row.seq,
@@ -286,6 +326,7 @@ class Store:
                         row.line,
                         row.input_tokens,
                         row.output_tokens,
+                        int(row.cached),
                     ),
                 )
                 if cur.rowcount:
@@ -293,10 +334,12 @@ class Store:
                     bad += not row.ok
                     tokens_in += row.input_tokens
                     tokens_out += row.output_tokens
+                    hits += row.cached and not row.merged
             self._db.execute(
                 "UPDATE jobs SET completed = completed + ?, failed = failed + ?, "
-                "input_tokens = input_tokens + ?, output_tokens = output_tokens + ? WHERE id = ?",
-                (ok, bad, tokens_in, tokens_out, job_id),
+                "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+                "cache_hits = cache_hits + ? WHERE id = ?",
+                (ok, bad, tokens_in, tokens_out, hits, job_id),
             )
 
     def finished_seqs(self, job_id: str, lo: int, hi: int) -> set[int]:
@@ -334,8 +377,8 @@ class Store:
         """Seed ``dst_job`` with the successful rows of ``src_job`` (same input content)."""
         with self._lock, self._tx():
             self._db.execute(
-                "INSERT OR IGNORE INTO results SELECT ?, seq, custom_id, ok, status_code, "
-                "error, line, input_tokens, output_tokens FROM results "
+                f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) SELECT ?, seq, custom_id, "
+                "ok, status_code, error, line, input_tokens, output_tokens, 0 FROM results "
                 "WHERE job_id = ? AND ok = 1",
                 (dst_job, src_job),
             )
@@ -348,7 +391,56 @@ class Store:
             )
 
     def delete_results(self, job_id: str) -> None:
-        self._write("DELETE FROM results WHERE job_id = ?", (job_id,))
+        with self._lock, self._tx():
+            self._db.execute("DELETE FROM results WHERE job_id = ?", (job_id,))
+            self._db.execute("DELETE FROM job_lines WHERE job_id = ?", (job_id,))
+
+    def result_row(self, job_id: str, seq: int) -> ResultRow | None:
+        row = self._one("SELECT * FROM results WHERE job_id = ? AND seq = ?", (job_id, seq))
+        return None if row is None else _result(row)
+
+    # ------------------------------------------------------------------ lines not sent as is
+
+    def add_job_lines(self, job_id: str, lines: list[tuple[int, str, int | None, int]]) -> None:
+        """Record ``(seq, custom_id, same_as, repeat)`` of lines merged into an earlier
+        identical one (``same_as``) or repeating an earlier sampled one (``repeat`` > 0)."""
+        with self._lock, self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)",
+                [(job_id, *line) for line in lines],
+            )
+
+    def job_lines(self, job_id: str, lo: int, hi: int) -> dict[int, tuple[int | None, int]]:
+        """``{seq: (same_as, repeat)}`` of the recorded lines in ``lo..hi``."""
+        rows = self._all(
+            "SELECT seq, same_as, repeat FROM job_lines WHERE job_id = ? AND seq BETWEEN ? AND ?",
+            (job_id, lo, hi),
+        )
+        return {int(r["seq"]): (r["same_as"], int(r["repeat"])) for r in rows}
+
+    def merged_into(self, job_id: str, lo: int, hi: int) -> dict[int, list[tuple[int, str]]]:
+        """``{seq: [(seq, custom_id) of the lines merged into it]}`` for ``seq`` in ``lo..hi``."""
+        rows = self._all(
+            "SELECT same_as, seq, custom_id FROM job_lines WHERE job_id = ? "
+            "AND same_as BETWEEN ? AND ? ORDER BY seq",
+            (job_id, lo, hi),
+        )
+        merged: dict[int, list[tuple[int, str]]] = {}
+        for r in rows:
+            merged.setdefault(int(r["same_as"]), []).append((int(r["seq"]), str(r["custom_id"])))
+        return merged
+
+    def unanswered_merged(self, job_id: str) -> list[tuple[int, str, int]]:
+        """``(seq, custom_id, same_as)`` of merged lines without a result whose line has one
+        (left by results copied from an earlier job that did not merge them)."""
+        rows = self._all(
+            "SELECT l.seq, l.custom_id, l.same_as FROM job_lines l "
+            "JOIN results r ON r.job_id = l.job_id AND r.seq = l.same_as "
+            "WHERE l.job_id = ? AND NOT EXISTS "
+            "(SELECT 1 FROM results x WHERE x.job_id = l.job_id AND x.seq = l.seq)",
+            (job_id,),
+        )
+        return [(int(r["seq"]), str(r["custom_id"]), int(r["same_as"])) for r in rows]
 
 
 class _Transaction:
@@ -361,7 +453,27 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:  # e.g. a full disk: leave no transaction open behind us
+                self._rollback()
+                raise
+        else:
+            self._rollback()
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:  # SQLite may have rolled back already (a full disk)
+            with contextlib.suppress(sqlite3.Error):  # keep the error that got us here
+                self._db.execute("ROLLBACK")
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _encode(key: str, value: Any) -> Any:
@@ -404,6 +516,7 @@ def _job(row: sqlite3.Row) -> Batch:
             total_tokens=row["input_tokens"] + row["output_tokens"],
         ),
         model=row["model"],
+        cache_hits=row["cache_hits"],
         **{k: row[k] for k in _TIMESTAMPS},
     )
 
@@ -421,6 +534,7 @@ def _result(row: sqlite3.Row) -> ResultRow:
         input_tokens=row["input_tokens"],
         output_tokens=row["output_tokens"],
         line=row["line"],
+        cached=bool(row["cached"]),
     )
 
 

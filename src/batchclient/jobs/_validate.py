@@ -8,7 +8,9 @@ str, ...}}``; one endpoint and one model per file; ``stream: true`` is refused. 
 or a non-empty list of either; no empty text to embed). One error per bad
 line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
 whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
-tolerated; anything that is not UTF-8 is refused with a message naming what it looks like.
+tolerated (the BOM is dropped); anything that is not UTF-8 is refused with a message naming what
+it looks like: a UTF-16 or UTF-32 file (with or without a BOM; the pattern of NUL bytes tells,
+as in RFC 4627 section 3) once for the whole file, other encodings line by line.
 
 The file is read line by line and never held in memory; duplicate ``custom_id`` detection uses a
 private temporary on-disk SQLite database (SQLite's empty file name), so memory stays flat
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -34,12 +36,14 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 MAX_LISTED_ERRORS = 1000
 """At most this many errors are listed; one more entry says how many were left out."""
 
-_UTF16_32_BOMS = {
-    b"\xff\xfe\x00\x00": "UTF-32 (little-endian, with BOM)",
-    b"\x00\x00\xfe\xff": "UTF-32 (big-endian, with BOM)",
-    b"\xff\xfe": "UTF-16 (little-endian, with BOM)",
-    b"\xfe\xff": "UTF-16 (big-endian, with BOM)",
+_UTF16_32_BOMS = {  # UTF-32 first: its little-endian BOM starts with UTF-16's
+    b"\xff\xfe\x00\x00": ("UTF-32 (little-endian, with BOM)", "UTF-32"),
+    b"\x00\x00\xfe\xff": ("UTF-32 (big-endian, with BOM)", "UTF-32"),
+    b"\xff\xfe": ("UTF-16 (little-endian, with BOM)", "UTF-16"),
+    b"\xfe\xff": ("UTF-16 (big-endian, with BOM)", "UTF-16"),
 }
+SNIFF_BYTES = 4096
+"""How much of the start of a file is looked at to tell UTF-16 and UTF-32 from UTF-8."""
 
 
 @dataclass
@@ -108,6 +112,37 @@ def describe_encoding(raw: bytes, exc: UnicodeDecodeError) -> str:
         f"not valid UTF-8 (byte 0x{byte} at offset {exc.start}); it looks like {guess}. "
         "Batch files must be UTF-8: re-encode the file (e.g. `iconv -t UTF-8`)"
     )
+
+
+def sniff_wide_encoding(head: bytes) -> tuple[str, str] | None:
+    """``(description, iconv name)`` when the start of a file is UTF-16 or UTF-32, else None.
+
+    A BOM says so outright. Without one, the NUL bytes tell (RFC 4627 section 3): JSON is mostly
+    ASCII, and an ASCII character is one non-NUL byte followed (little-endian) or preceded
+    (big-endian) by one NUL in UTF-16 and by three in UTF-32; in UTF-32 the two high bytes of
+    every character below U+10000 are NUL. UTF-8 text has no NUL bytes at all (JSON does not
+    allow a raw NUL even inside a string)."""
+    for bom, names in _UTF16_32_BOMS.items():
+        if head.startswith(bom):
+            return names
+    sample = head[:SNIFF_BYTES]
+    if b"\x00" not in sample or len(sample) < 2:
+        return None
+    units = len(sample) // 4
+    if units:
+        zeros = [sample[i : units * 4 : 4].count(0) / units for i in range(4)]
+        if zeros[2] > 0.95 and zeros[3] > 0.95 and zeros[0] < 0.5:
+            return "UTF-32 (little-endian, no BOM)", "UTF-32LE"
+        if zeros[0] > 0.95 and zeros[1] > 0.95 and zeros[3] < 0.5:
+            return "UTF-32 (big-endian, no BOM)", "UTF-32BE"
+    pairs = len(sample) // 2
+    even = sample[0 : pairs * 2 : 2].count(0) / pairs
+    odd = sample[1 : pairs * 2 : 2].count(0) / pairs
+    if odd >= 0.3 and odd > 3 * even:
+        return "UTF-16 (little-endian, no BOM)", "UTF-16LE"
+    if even >= 0.3 and even > 3 * odd:
+        return "UTF-16 (big-endian, no BOM)", "UTF-16BE"
+    return None
 
 
 def parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -256,21 +291,29 @@ class _SeenIds:
         self._db.close()
 
 
-def validate_batch_file(stream: IO[bytes], *, endpoint: str = CHAT_COMPLETIONS) -> ValidationReport:
-    """Validate a whole batch input file read from a binary stream. Never raises on bad
-    content; every problem is a :class:`BatchError` in the report."""
+def validate_batch_file(
+    stream: IO[bytes],
+    *,
+    endpoint: str = CHAT_COMPLETIONS,
+    on_request: Callable[[RequestLine], None] | None = None,
+) -> ValidationReport:
+    """Validate a whole batch input file read from a binary stream (seekable). Never raises on
+    bad content; every problem is a :class:`BatchError` in the report. ``on_request`` is called
+    with every valid request line, in file order (its ``seq`` is meaningful when the whole file
+    turns out valid)."""
     report = ValidationReport()
-    head = stream.read(4)
-    for bom, name in _UTF16_32_BOMS.items():
-        if head.startswith(bom):
-            report.add(
-                ErrorCode.invalid_encoding,
-                f"the file is {name}; batch files must be UTF-8 (re-encode it, e.g. "
-                "`iconv -f UTF-16 -t UTF-8`)",
-                1,
-                None,
-            )
-            return report
+    head = stream.read(SNIFF_BYTES)
+    wide = sniff_wide_encoding(head)
+    if wide is not None:
+        name, iconv = wide
+        report.add(
+            ErrorCode.invalid_encoding,
+            f"the file looks like {name}, not UTF-8; batch files must be UTF-8: re-encode it, "
+            f"e.g. `iconv -f {iconv} -t UTF-8 IN > OUT`",
+            1,
+            None,
+        )
+        return report
     stream.seek(0)
     seen = _SeenIds()
     first_model_line = 0
@@ -312,6 +355,8 @@ def validate_batch_file(stream: IO[bytes], *, endpoint: str = CHAT_COMPLETIONS) 
                 )
                 continue
             model = obj["body"]["model"]
+            if on_request is not None:
+                on_request(RequestLine(report.total - 1, number, obj["custom_id"], obj["body"]))
             if report.model is None:
                 report.model, first_model_line = model, number
             elif model != report.model:

@@ -33,6 +33,7 @@ from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..types import Endpoint
 from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
+from ._identity import public_url, served_model_facts
 from ._retry import (
     EJECTING_STATUS,
     RETRYABLE_STATUS,
@@ -130,6 +131,8 @@ class RemoteBatchInference(BatchClient):
         state_dir: where files, batches and results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory; created 0700); batches there
             resume with a client on the same ``base_url``.
+        cache: use the result cache in ``state_dir`` for every call and batch (default False;
+            see :class:`~batchclient.BatchClient`).
 
     Raises:
         ConfigurationError: a bad argument (e.g. ``AdaptiveConcurrency(minimum=...)`` above
@@ -162,6 +165,7 @@ class RemoteBatchInference(BatchClient):
         check_model: bool = True,
         tokenizer: str | os.PathLike[str] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        cache: bool = False,
     ) -> None:
         provider = RemoteProvider(
             base_url,
@@ -185,7 +189,7 @@ class RemoteBatchInference(BatchClient):
             check_model=check_model,
             tokenizer=tokenizer,
         )
-        super().__init__(provider, state_dir=state_dir)
+        super().__init__(provider, state_dir=state_dir, cache=cache)
 
     @property
     def base_url(self) -> str:
@@ -290,6 +294,29 @@ class RemoteProvider(Provider):
     def identity(self) -> dict[str, Any]:
         return {"provider": "remote", "base_url": self.base_url}
 
+    async def cache_identity(self, model: str) -> dict[str, Any]:
+        """Every replica's URL (without credentials) and what ``GET /models`` reports about
+        ``model`` (:func:`served_model_facts`: ``root``, ``parent``, ``owned_by``,
+        ``max_model_len``, a stable ``created``), so other weights served under the same name
+        miss the cache. A server that cannot list models gives ``"served": None``."""
+        cards = await self._model_cards()
+        card = (cards or {}).get(model)
+        return {
+            "provider": "remote",
+            "base_urls": sorted({public_url(e.url) for e in self.endpoints_given}),
+            "model": model,
+            "served": None if card is None else served_model_facts(card),
+        }
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        """The served model's ``root`` when it is a directory on this machine (a vLLM server
+        started here with ``--model DIR``), else None."""
+        card = ((await self._model_cards()) or {}).get(model)
+        root = card.get("root") if card else None
+        if isinstance(root, str) and root and await anyio.Path(root).is_dir():
+            return root
+        return None
+
     def concurrency_limit(self) -> int | None:
         return self._dispatcher.concurrency_limit()
 
@@ -319,11 +346,11 @@ class RemoteProvider(Provider):
 
     async def _list_models(self) -> set[str] | None:
         """The models of the first endpoint that answers ``GET /models``, else None."""
-        entries = await self._model_entries()
-        return None if entries is None else {str(e.get("id")) for e in entries}
+        cards = await self._model_cards()
+        return None if cards is None else set(cards)
 
-    async def _model_entries(self) -> list[dict[str, Any]] | None:
-        """The ``GET /models`` entries of the first endpoint that answers, else None."""
+    async def _model_cards(self) -> dict[str, dict[str, Any]] | None:
+        """``{id: model object}`` from the first endpoint that answers ``GET /models``."""
         for ep in self._dispatcher.endpoints:
             try:
                 resp = await ep.pool.request("GET", "/models", timeout=self.timeouts.list_models_s)
@@ -332,7 +359,7 @@ class RemoteProvider(Provider):
                 continue
             entries = data.get("data") if isinstance(data, dict) else None
             if isinstance(entries, list):
-                return [e for e in entries if isinstance(e, dict)]
+                return {str(e.get("id")): e for e in entries if isinstance(e, dict)}
         return None
 
     # ------------------------------------------------------------------ tokenizer
@@ -343,7 +370,8 @@ class RemoteProvider(Provider):
         known = self._tokenizers.get(model)
         if known is not None:
             return known
-        entries = await self._model_entries() if self._tokenizer_path is not None else None
+        cards = await self._model_cards() if self._tokenizer_path is not None else None
+        entries = None if cards is None else list(cards.values())
         made = await find_tokenizer(
             self._tokenizer_path,
             model,

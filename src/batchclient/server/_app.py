@@ -40,6 +40,7 @@ def create_app(
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_sync_conversations: int = DEFAULT_MAX_SYNC_CONVERSATIONS,
+    cache: bool | None = None,
 ) -> FastAPI:
     """The OpenAI Files + Batches API, ``/v1/models``, one-request passthrough and the original
     protocol's ``/batch-inference`` routes over ``target`` (guide: ``docs/server.md``).
@@ -58,6 +59,9 @@ def create_app(
         max_body_bytes: largest JSON body (413 above it).
         max_sync_conversations: most conversations per ``POST /batch-inference/chat-completion``
             (400 above it, pointing to the jobs routes).
+        cache: answer calls and batches from the result cache and fill it (successes only);
+            each tenant has its own, in its state directory. None: the given client's switch,
+            else off.
 
     Raises:
         ConfigurationError: a key that cannot be sent in a header, a limit below 1, or a
@@ -73,7 +77,7 @@ def create_app(
     ):
         if value < 1:
             raise ConfigurationError(f"{name} must be >= 1")
-    tenants = Tenants(target, state_dir=state_dir, api_keys=tuple(api_keys))
+    tenants = Tenants(target, state_dir=state_dir, api_keys=tuple(api_keys), cache=cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -103,6 +103,8 @@ class Tenants:
 
     ``target`` is a :class:`~batchclient.Provider` or a :class:`~batchclient.BatchClient`;
     ``state_dir`` defaults to the client's, else :func:`~batchclient.jobs.default_state_dir`.
+    ``cache`` turns on each tenant's result cache (kept in the tenant's own state directory, so
+    tenants never share answers); None: the given client's switch, else off.
     """
 
     def __init__(
@@ -111,7 +113,10 @@ class Tenants:
         *,
         state_dir: str | os.PathLike[str] | None = None,
         api_keys: list[str] | tuple[str, ...] = (),
+        cache: bool | None = None,
     ) -> None:
+        if cache is None:
+            cache = target.cache if isinstance(target, BatchClient) else False
         if isinstance(target, BatchClient):
             base = Path(state_dir).expanduser() if state_dir is not None else target.state_dir
             self.provider = target.provider
@@ -131,13 +136,13 @@ class Tenants:
             if isinstance(target, BatchClient) and base == target.state_dir:
                 default = target  # the client is the one tenant
             else:
-                default = BatchClient(shared, state_dir=base)
+                default = BatchClient(shared, state_dir=base, cache=cache)
             self.tenants.append(Tenant(DEFAULT_TENANT, default, IdempotencyKeys(base)))
         for key in dict.fromkeys(api_keys):  # a key given twice is one tenant
             check_key(key)
             tid = tenant_id(key)
             directory = base / "tenants" / tid
-            client = BatchClient(shared, state_dir=directory)
+            client = BatchClient(shared, state_dir=directory, cache=cache)
             tenant = Tenant(tid, client, IdempotencyKeys(directory))
             self.tenants.append(tenant)
             self._keyed.append((hashlib.sha256(key.encode()).digest(), tenant))

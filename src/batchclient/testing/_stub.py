@@ -210,6 +210,8 @@ class StubServer:
         faults: :class:`Fault` rules, first match wins.
         handler: ``(body, attempt) -> StubReply | None`` consulted before the rules.
         models: model names served (``GET /v1/models``); other models get 404.
+        model_info: extra fields of every ``/v1/models`` entry (e.g. vLLM's ``root``, the
+            model path); change the attribute to play a server whose weights were swapped.
         record_bodies: keep every request body in ``stats.bodies``.
         quota, token_quota: ``(limit, period_s)``: at most ``limit`` requests (tokens: prompt
             words plus ``max_tokens``) per window of ``period_s`` seconds; a request over it
@@ -231,6 +233,7 @@ class StubServer:
         faults: list[Fault] | None = None,
         handler: Handler | None = None,
         models: tuple[str, ...] = ("smollm2",),
+        model_info: dict[str, Any] | None = None,
         record_bodies: bool = False,
         quota: tuple[int, float] | None = None,
         token_quota: tuple[int, float] | None = None,
@@ -245,6 +248,7 @@ class StubServer:
         self.faults = list(faults or [])
         self.handler = handler
         self.models = models
+        self.model_info = dict(model_info or {})
         self.record_bodies = record_bodies
         self.quotas = {
             name: Quota(*spec)
@@ -284,7 +288,9 @@ class StubServer:
         return web.json_response(self.stats.summary())
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "owned_by": "stub"} for m in self.models]
+        data = [
+            {"id": m, "object": "model", "owned_by": "stub", **self.model_info} for m in self.models
+        ]
         return web.json_response({"object": "list", "data": data})
 
     def _reply_for(self, body: dict[str, Any], attempt: int) -> StubReply | None:

@@ -1,0 +1,171 @@
+"""Dry runs: what a batch file would take, with nothing sent (``client.estimate``,
+``batchclient run --dry-run``).
+
+One streamed pass over the file: validation (all of it, as a batch would), the plan of merged
+and repeated lines (:mod:`._plan`), result-cache lookups by key in blocks, and prompt tokens
+counted in blocks (:mod:`._tokens`). Memory stays flat whatever the size of the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from anyio import to_thread
+
+from .._core.provider import Provider
+from ..cache import ResultCache, cache_key, canonical_json
+from ..types import BatchEstimate, Endpoint
+from ._plan import LinePlanner
+from ._tokens import PromptCounter
+from ._validate import RequestLine, iter_lines, parse_line, validate_batch_file
+
+_BLOCK = 256
+
+
+async def estimate_file(
+    path: Path,
+    provider: Provider | None,
+    cache: ResultCache | None,
+    *,
+    endpoint: str = Endpoint.chat_completions,
+    tokenizer: str | os.PathLike[str] | None = None,
+    price_input: float | None = None,
+    price_output: float | None = None,
+    cache_on: bool | None = None,
+) -> BatchEstimate:
+    """Estimate the batch file at ``path`` (see :class:`~batchclient.BatchEstimate`).
+
+    ``provider`` gives the cache identity and, when ``tokenizer`` is None, a local tokenizer
+    (``Provider.tokenizer_path``); neither needs the provider started. ``cache`` (None: off or
+    empty) is looked up, never written; ``cache_on`` (default: whether ``cache`` is given) is
+    what the estimate reports as ``cache``. Raises ``ConfigurationError`` for a tokenizer that
+    cannot be loaded.
+    """
+    model = await to_thread.run_sync(_first_model, path)
+    identity = None
+    if model is not None and provider is not None:
+        if cache is not None:
+            identity = canonical_json(await provider.cache_identity(model))
+        if tokenizer is None:
+            tokenizer = await provider.tokenizer_path(model)
+    counter = await to_thread.run_sync(PromptCounter, tokenizer)
+    est = await to_thread.run_sync(
+        _estimate, path, endpoint, counter, cache, identity, price_input, price_output
+    )
+    if cache_on is not None:
+        est.cache = cache_on
+    return est
+
+
+def _first_model(path: Path) -> str | None:
+    with path.open("rb") as f:
+        for _, raw in iter_lines(f):
+            if raw is None or not raw.strip():
+                continue
+            obj, _ = parse_line(raw)
+            body = obj.get("body") if obj else None
+            model = body.get("model") if isinstance(body, dict) else None
+            return model if isinstance(model, str) else None
+    return None
+
+
+def _estimate(
+    path: Path,
+    endpoint: str,
+    counter: PromptCounter,
+    cache: ResultCache | None,
+    identity: bytes | None,
+    price_input: float | None,
+    price_output: float | None,
+) -> BatchEstimate:
+    est = BatchEstimate(cache=cache is not None)
+    block: list[tuple[str | None, dict[str, Any]]] = []
+
+    def flush() -> None:
+        if cache is not None and identity is not None:
+            keys = [k for k, _ in block if k is not None]
+            hits = cache.contains(keys) if keys else set()
+            est.cache_hits += len(hits)
+            bodies = [b for k, b in block if k not in hits]
+        else:
+            bodies = [b for _, b in block]
+        block.clear()
+        est.to_send += len(bodies)
+        est.prompt_tokens += sum(counter.count(bodies)) if bodies else 0
+        for body in bodies:
+            cap = body.get("max_completion_tokens", body.get("max_tokens"))
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                est.max_output_tokens += cap
+            else:
+                est.without_max_tokens += 1
+
+    with LinePlanner(endpoint) as planner:
+
+        def on_request(line: RequestLine) -> None:
+            plan = planner.add(line.seq, line.body)
+            if plan.same_as is not None:
+                return
+            key = None if identity is None else cache_key(plan.digest, identity, plan.repeat)
+            block.append((key, line.body))
+            if len(block) >= _BLOCK:
+                flush()
+
+        with path.open("rb") as f:
+            report = validate_batch_file(f, endpoint=endpoint, on_request=on_request)
+        flush()
+        est.merged = planner.merged
+    est.requests = report.total
+    if not report.ok:
+        return BatchEstimate(requests=report.total, errors=report.errors, cache=est.cache)
+    est.tokenizer = counter.name
+    est.prompt_tokens_estimated = counter.estimated
+    if price_input is not None or price_output is not None:
+        est.price_input, est.price_output = price_input, price_output
+        est.input_cost_usd = est.prompt_tokens * (price_input or 0.0) / 1e6
+        est.output_cost_usd = est.max_output_tokens * (price_output or 0.0) / 1e6
+        est.cost_usd = est.input_cost_usd + est.output_cost_usd
+    return est
+
+
+def describe(est: BatchEstimate) -> list[str]:
+    """The dry run's report as lines of text (what ``batchclient run --dry-run`` prints)."""
+    if not est.ok:
+        lines = [f"dry run: the file would be refused ({len(est.errors)} error(s)); nothing sent"]
+        for error in est.errors[:20]:
+            where = f"line {error.line}: " if error.line else ""
+            param = f" ({error.param})" if error.param else ""
+            lines.append(f"  {where}{error.code}{param}: {error.message}")
+        return lines
+    cache = (
+        f"{est.cache_hits:,} answered by the result cache"
+        if est.cache
+        else "result cache off (--cache to use it)"
+    )
+    how = (
+        f"counted with the tokenizer {est.tokenizer}"
+        if not est.prompt_tokens_estimated
+        else "estimated, about 4 characters per token; --tokenizer DIR counts them exactly"
+    )
+    if est.tokenizer and est.prompt_tokens_estimated:
+        how = f"counted with {est.tokenizer}, some estimated (templates that failed)"
+    caps = "every request sets max_tokens"
+    if est.without_max_tokens:
+        caps = (
+            f"{est.without_max_tokens:,} without max_tokens, counted as 0: bounded by the context"
+        )
+    lines = [
+        "dry run: nothing was sent",
+        f"requests:          {est.requests:,} lines; {est.to_send:,} to send "
+        f"({est.merged:,} identical greedy lines merged; {cache})",
+        f"prompt tokens:     {est.prompt_tokens:,} ({how})",
+        f"max output tokens: {est.max_output_tokens:,} ({caps})",
+    ]
+    if est.cost_usd is not None:
+        lines.append(
+            f"cost:              ${est.cost_usd:,.4f} at most (input ${est.input_cost_usd:,.4f} "
+            f"at ${est.price_input or 0:g}/M, output ${est.output_cost_usd:,.4f} at "
+            f"${est.price_output or 0:g}/M tokens)"
+        )
+    return lines

@@ -1,0 +1,121 @@
+"""Identical greedy lines of a batch file are sent once and the answer is given to each
+``custom_id``; sampled lines never are merged (against the loopback stub, real SQLite)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from batchclient import BatchChatCompletionResponse, RemoteBatchInference
+from batchclient.testing import StubServer
+from jobs_util import FAST, jsonl, line
+
+
+def client(stub: StubServer, state: Path, **kw: Any) -> RemoteBatchInference:
+    return RemoteBatchInference(stub.url, state_dir=state, **{**FAST, **kw})
+
+
+async def run_file(c: RemoteBatchInference, lines: list[str], **options: Any) -> Any:
+    record = await c.files.create(jsonl(lines))
+    batch = await c.batches.create(record.id, **options)
+    with anyio.fail_after(60):
+        return await c.batches.wait(batch.id)
+
+
+async def output_lines(c: RemoteBatchInference, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in (await c.files.content(file_id)).decode().splitlines()]
+
+
+async def test_identical_greedy_lines_are_sent_once(tmp_path: Path) -> None:
+    lines = [line(f"r{i}", f"q{i % 10}", temperature=0) for i in range(200)]
+    with StubServer(record_bodies=True) as stub:
+        async with client(stub, tmp_path) as c:  # the cache is off: merging does not need it
+            job = await run_file(c, lines)
+            out = await output_lines(c, job.output_file_id)
+            result = await c.job_result(job.id)
+    assert stub.stats.requests == 10
+    assert Counter(b["messages"][0]["content"] for b in stub.stats.bodies) == {
+        f"q{i}": 1 for i in range(10)
+    }
+    assert job.request_counts.model_dump() == {"total": 200, "completed": 200, "failed": 0}
+    assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(200)]
+    assert len({r["id"] for r in out}) == 200  # each line its own id
+    for i, row in enumerate(out):  # the same answer as the line it was merged into
+        first = out[i % 10]["response"]
+        assert row["response"]["body"] == first["body"]
+        assert row["response"]["request_id"] == first["request_id"]
+    assert isinstance(result, BatchChatCompletionResponse)
+    assert [r.text for r in result.batch] == [f"echo: q{i % 10}" for i in range(200)]
+    assert not any(r.cached for r in result.batch)
+    # tokens count what was generated: ten answers, not two hundred
+    assert job.usage.output_tokens == sum(len(f"echo: q{i}".split()) for i in range(10))
+
+
+async def test_sampled_lines_are_never_merged(tmp_path: Path) -> None:
+    lines = [line(f"t{i}", "same", temperature=0.8) for i in range(5)]
+    lines += [line(f"d{i}", "same") for i in range(3)]  # no temperature: sampled by default
+    lines += [line(f"g{i}", "same", temperature=0.0) for i in range(4)]
+    with StubServer() as stub:
+        async with client(stub, tmp_path) as c:
+            job = await run_file(c, lines)
+    assert job.request_counts.completed == 12 and stub.stats.requests == 5 + 3 + 1
+
+
+async def test_merged_lines_share_a_failure_and_a_cancelled_batch_answers_every_line(
+    tmp_path: Path,
+) -> None:
+    lines = [line(f"bad{i}", "x", temperature=0, max_tokens=-5) for i in range(3)]
+    lines += [line(f"slow{i}", f"slow {i}", temperature=0) for i in range(6)]
+    lines += [line(f"slowcopy{i}", f"slow {i}", temperature=0) for i in range(6)]
+
+    def handler(body: dict[str, Any], attempt: int) -> Any:
+        from batchclient.testing import StubReply
+
+        if body.get("max_tokens") == -5:
+            return StubReply(status=400, body={"error": {"message": "max_tokens must be >= 1"}})
+        if body["messages"][0]["content"] in ("slow 4", "slow 5"):
+            return StubReply(delay_s=30)
+        return None
+
+    with StubServer(handler=handler) as stub:
+        async with client(stub, tmp_path, max_concurrency=4) as c:
+            record = await c.files.create(jsonl(lines))
+            batch = await c.batches.create(record.id)
+            with anyio.fail_after(30):
+                while (await c.batches.retrieve(batch.id)).request_counts.completed < 8:
+                    await anyio.sleep(0.05)
+            cancelled = await c.batches.cancel(batch.id)
+            result = await c.job_result(batch.id)
+    codes = [r.error.code if r.error else "ok" for r in result.batch]
+    assert codes[:3] == ["invalid_request"] * 3  # one refusal, given to the three lines
+    assert codes[3:7] == codes[9:13] == ["ok"] * 4
+    assert codes[7:9] == codes[13:15] == ["batch_cancelled"] * 2
+    assert cancelled.request_counts.model_dump() == {"total": 15, "completed": 8, "failed": 7}
+    assert stub.stats.requests == 1 + 6  # the slow pair were sent, then cancelled
+
+
+async def test_a_merged_line_without_its_answer_gets_it_on_the_next_batch(tmp_path: Path) -> None:
+    """Results copied from an earlier batch can lack a merged line (a batch that sent both and
+    failed one); the next batch gives it its line's answer without sending."""
+    lines = [line(f"r{i}", f"q{i % 2}", temperature=0) for i in range(6)]
+    with StubServer() as stub:
+        async with client(stub, tmp_path) as c:
+            first = await run_file(c, lines)
+        db = sqlite3.connect(tmp_path / "batchclient.sqlite3")
+        with db:  # as if lines 4 and 5 had failed in that batch: failures are not reused
+            db.execute("DELETE FROM results WHERE job_id = ? AND seq >= 4", (first.id,))
+        db.close()
+        async with client(stub, tmp_path) as c:
+            second = await run_file(c, lines, reuse_results_from=first.id)
+            result = await c.job_result(second.id)
+    assert stub.stats.requests == 2  # only the first batch sent anything
+    assert second.request_counts.completed == 6
+    assert isinstance(result, BatchChatCompletionResponse)
+    assert [r.text for r in result.batch] == [f"echo: q{i % 2}" for i in range(6)]
