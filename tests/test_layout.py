@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, int]] = [
     ("remote", 9),
     ("inline", 9),
     ("testing", 10),
+    ("distributed", 10),
+    ("integrations", 10),
     ("cli", 11),
     ("", 12),  # the package's __init__
 ]
@@ -138,13 +140,21 @@ def test_there_is_no_import_cycle() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["batchclient", "batchclient.testing", "batchclient.cli", "batchclient.jobs"]
+    "module",
+    [
+        "batchclient",
+        "batchclient.testing",
+        "batchclient.cli",
+        "batchclient.jobs",
+        "batchclient.distributed",
+        "batchclient.integrations.ray_data",
+    ],
 )
 def test_public_modules_import_alone_without_vllm(module: str) -> None:
     """Each imports on its own in a fresh interpreter, and none pulls in vLLM or torch."""
     code = (
         f"import sys, {module}; "
-        "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
+        "bad = [m for m in ('vllm', 'torch', 'transformers', 'ray') if m in sys.modules]; "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

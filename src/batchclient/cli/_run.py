@@ -2,7 +2,7 @@
 and resumable.
 
 Resume key (peer lesson 18: content and config only): SHA-256 of the input's bytes plus the
-provider's identity (remote: base URL; inline: the model), kept in the job's metadata as
+provider's identity (remote: base URL; vllm and ray: the model), kept in the job's metadata as
 ``batchclient_run``. Running the same command again
 
 - attaches to the job if it is still active (this client resumed it on entry);
@@ -34,6 +34,7 @@ from rich.progress import (
 )
 
 from .._core.client import BatchClient
+from .._core.provider import Provider
 from ..errors import ConfigurationError
 from ..types import Batch
 
@@ -50,7 +51,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write failed lines here (default: every line goes to --output, as vllm run-batch)",
     )
-    p.add_argument("--provider", choices=("remote", "vllm"), default="remote")
+    add_provider_arguments(p)
+    p.add_argument(
+        "--completion-window",
+        default="24h",
+        help="how long the job may run, e.g. 24h, 30m (default 24h)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def add_provider_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that choose and configure a provider (``run``; reusable by other commands
+    with :func:`make_provider`)."""
+    p.add_argument("--provider", choices=("remote", "vllm", "ray"), default="remote")
     p.add_argument("--base-url", help="remote: API root ending in /v1")
     p.add_argument(
         "--api-key",
@@ -62,24 +75,34 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="requests in flight (remote: per endpoint, default 64; vllm: handed to the engine "
-        "at once, default 1024)",
+        "at once, default 1024; ray: per replica, default 1024)",
     )
     p.add_argument("--max-retries", type=int, default=4, help="remote: retries per request")
     p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
-    p.add_argument("--model", default=None, help="vllm: model path or name (default: bundled)")
+    p.add_argument(
+        "--model", default=None, help="vllm, ray: model path or name (default: bundled)"
+    )
     p.add_argument(
         "--engine-arg",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="vllm: an engine argument (value parsed as JSON if it can be), repeatable",
+        help="vllm, ray: an engine argument (value parsed as JSON if it can be), repeatable",
+    )
+    p.add_argument("--replicas", type=int, default=1, help="ray: engine replicas (default 1)")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="ray: an existing cluster (auto, ray://host:10001); default: start a local Ray",
     )
     p.add_argument(
-        "--completion-window",
-        default="24h",
-        help="how long the job may run, e.g. 24h, 30m (default 24h)",
+        "--replica-resource",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ray: a Ray resource of each replica (num_cpus=2, num_gpus=1, ...), repeatable",
     )
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -105,33 +128,55 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def make_client(args: argparse.Namespace) -> BatchClient:
-    state_dir = getattr(args, "state_dir", None)
+    """The client ``run`` uses: :func:`make_provider` with the ``--state-dir``."""
+    return BatchClient(make_provider(args), state_dir=getattr(args, "state_dir", None))
+
+
+def make_provider(args: argparse.Namespace) -> Provider:
+    """The provider the options of :func:`add_provider_arguments` describe (not started).
+    Raises ``ConfigurationError`` for options that do not fit together."""
     if args.provider == "remote":
         if not args.base_url:
             raise ConfigurationError("--provider remote needs --base-url")
-        from ..remote import RemoteBatchInference
+        from ..remote import RemoteProvider
 
-        return RemoteBatchInference(
+        return RemoteProvider(
             args.base_url,
             args.api_key,
             max_concurrency=args.max_concurrency or 64,
             max_retries=args.max_retries,
             timeout=args.timeout,
-            state_dir=state_dir,
         )
-    engine_args: dict[str, Any] = {}
-    for item in args.engine_arg:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigurationError(f"--engine-arg {item!r} is not KEY=VALUE")
-        try:
-            engine_args[key] = json.loads(value)
-        except ValueError:
-            engine_args[key] = value
-    from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
-
+    engine_args = _key_values(args.engine_arg, "--engine-arg")
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
+    if args.provider == "ray":
+        from ..distributed import RayProvider  # Ray itself is imported when it starts
+
+        return RayProvider(
+            args.model,
+            replicas=args.replicas,
+            address=args.ray_address,
+            resources_per_replica=_key_values(args.replica_resource, "--replica-resource"),
+            **max_concurrency,
+            **engine_args,
+        )
+    from ..inline import VLLMProvider  # vLLM itself is imported when the engine starts
+
+    return VLLMProvider(args.model, **max_concurrency, **engine_args)
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` options as a dict, each value parsed as JSON when it is JSON."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"{flag} {item!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def run_command(args: argparse.Namespace) -> int:

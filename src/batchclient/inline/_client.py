@@ -16,6 +16,7 @@ import itertools
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,10 @@ class VLLMBatchInference(BatchClient):
             into the system prompt in the call's ``tool_prompt_format`` (default ``json``) and
             calls are read back by batchclient, which works for any model, including the
             bundled one (whose template has no tool support). See ``docs/structured.md``.
+        cpu_cores: on a CPU build of vLLM, the cores the engine's compute threads are bound to
+            (default None: every core of this process's CPU affinity). Ignored when the
+            ``VLLM_CPU_OMP_THREADS_BIND`` environment variable is set (vLLM's own knob: ``auto``
+            for vLLM's default, ``nobind``, or a core list). See ``docs/inline.md`` (Speed).
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
@@ -99,11 +104,16 @@ class VLLMBatchInference(BatchClient):
         *,
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
+        cpu_cores: Sequence[int] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         **engine_args: Any,
     ) -> None:
         provider = VLLMProvider(
-            model, max_concurrency=max_concurrency, tool_call_parser=tool_call_parser, **engine_args
+            model,
+            max_concurrency=max_concurrency,
+            tool_call_parser=tool_call_parser,
+            cpu_cores=cpu_cores,
+            **engine_args,
         )
         super().__init__(provider, state_dir=state_dir)
 
@@ -119,11 +129,15 @@ class VLLMProvider(Provider):
         *,
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
+        cpu_cores: Sequence[int] | None = None,
         **engine_args: Any,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
+        if cpu_cores is not None and not cpu_cores:
+            raise ConfigurationError("cpu_cores: give at least one core (or None for all)")
         self.model = model
+        self.cpu_cores = None if cpu_cores is None else sorted(set(cpu_cores))
         self.max_concurrency = max_concurrency
         self.tool_call_parser = tool_call_parser
         self._parser_class: type | None = None
@@ -176,7 +190,7 @@ class VLLMProvider(Provider):
             {str(ref), served, *([names] if isinstance(names, str) else names)}
             | ({str(self.model)} if self.model is not None else set())
         )
-        _engine.start(engine, args)
+        _engine.start(engine, args, self.cpu_cores)
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -184,6 +198,12 @@ class VLLMProvider(Provider):
             with anyio.CancelScope(shield=True):
                 await self._vllm.stop_output_handler(engine)
                 await anyio.to_thread.run_sync(self._vllm.stop, engine)
+
+    @property
+    def binding(self) -> str | None:
+        """The ``VLLM_CPU_OMP_THREADS_BIND`` value the running engine started with (CPU builds;
+        None on GPUs or before start), e.g. ``"0-1"``."""
+        return None if self._engine is None else self._engine.binding
 
     def window(self) -> int:
         return self.max_concurrency
@@ -194,6 +214,10 @@ class VLLMProvider(Provider):
     def identity(self) -> dict[str, Any]:
         # What changes the answers: the model. Engine args (memory, parallelism) do not.
         return {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
+
+    def served_names(self) -> frozenset[str]:
+        """The names calls may use for the loaded model (empty before start)."""
+        return self._names
 
     async def check_model(self, model: str) -> None:
         if model not in self._names:

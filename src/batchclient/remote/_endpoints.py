@@ -31,6 +31,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._adaptive import AdaptiveLimit, AdaptiveSettings
 from ._http import Pool
@@ -88,10 +89,12 @@ class Lane:
 
 @dataclass(eq=False)
 class Replica:
-    """One replica. ``base_url`` ends in ``/v1``."""
+    """One replica. ``base_url`` ends in ``/v1`` (or names a replica that is not an HTTP
+    endpoint); ``pool`` is what sends to it: the HTTP :class:`Pool`, or another provider's
+    handle on its replica (anything with ``close()``)."""
 
     base_url: str
-    pool: Pool
+    pool: Pool | Any
     rates: RateBuckets
     settings: AdaptiveSettings
     adaptive: bool
@@ -300,6 +303,13 @@ class Dispatcher:
                 _, fut = queue.popleft()
                 if not fut.done():
                     fut.set_exception(problem)
+
+    def readmit(self, ep: Replica) -> None:
+        """Take an ejected endpoint back now (its owner knows it is healthy again, e.g. a
+        restarted replica), and hand it the queued attempts."""
+        ep.ejected_until = 0.0
+        ep.failures = 0
+        self._grant_all()
 
     # ------------------------------------------------------------------ reporting
 
