@@ -79,9 +79,7 @@ def add_provider_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-retries", type=int, default=4, help="remote: retries per request")
     p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
-    p.add_argument(
-        "--model", default=None, help="vllm, ray: model path or name (default: bundled)"
-    )
+    p.add_argument("--model", default=None, help="vllm, ray: model path or name (default: bundled)")
     p.add_argument(
         "--engine-arg",
         action="append",
@@ -95,6 +93,14 @@ def add_provider_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ADDRESS",
         help="ray: an existing cluster (auto, ray://host:10001); default: start a local Ray",
+    )
+    p.add_argument(
+        "--cores-per-replica",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ray, CPU: cores each replica binds (default: a one-node Ray's cores divided "
+        "among the replicas, else each replica's num_cpus)",
     )
     p.add_argument(
         "--replica-resource",
@@ -157,6 +163,7 @@ def make_provider(args: argparse.Namespace) -> Provider:
             replicas=args.replicas,
             address=args.ray_address,
             resources_per_replica=_key_values(args.replica_resource, "--replica-resource"),
+            cores_per_replica=args.cores_per_replica,
             **max_concurrency,
             **engine_args,
         )

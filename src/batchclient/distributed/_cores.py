@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import psutil
 
-from ..inline._binding import affinity, split
+from ..inline._binding import affinity, core_list, split
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's name prefix
@@ -96,7 +96,7 @@ class Slot:
 
     @property
     def record_path(self) -> Path | None:
-        return None if self.index is None else slot_dir() / f"slot-{self.index}.json"
+        return None if self.index is None else slot_dir() / f"cores-{core_list(self.cores)}.json"
 
     def write(self, record: SlotRecord) -> None:
         path = self.record_path
@@ -119,7 +119,7 @@ def claim(cores_per_replica: int) -> Slot:
     cores = affinity()
     groups = split(cores, max(1, len(cores) // max(1, cores_per_replica)))
     for index, group in enumerate(groups):
-        lock = (slot_dir() / f"slot-{index}.lock").open("ab")
+        lock = (slot_dir() / f"cores-{core_list(group)}.lock").open("ab")
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -87,7 +87,7 @@ class ChatPredictor:
         self._seq = itertools.count()
 
     def __call__(self, batch: Any) -> Any:
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
 
         rows = _rows(batch)
         out = self._portal.call(self.run_rows, rows)
