@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,53 @@ def test_bound_sets_the_variable_only_while_the_engine_starts(
     assert os.environ[_binding.THREADS_BIND] == "0"
     with _binding.bound(None):
         assert os.environ[_binding.THREADS_BIND] == "0"
+
+
+def test_reap_ends_a_dead_replicas_processes_and_unlinks_only_its_shared_memory(
+    tmp_path: Path,
+) -> None:
+    """A stand-in replica process that is gone, an orphaned 'engine' process still running,
+    and two segments: one of ours on record and a file elsewhere the record also names."""
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    import psutil
+
+    from batchclient.distributed import _cores
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_ref = _cores.ProcessRef.of(psutil.Process(gone.pid))
+    gone.wait()
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    segment = shared_memory.SharedMemory(create=True, size=16)
+    outside = tmp_path / "psm_not_in_dev_shm"
+    outside.write_text("keep")
+    try:
+        record = _cores.SlotRecord(
+            slot=0,
+            cores=[0],
+            replica=gone_ref,
+            engine=[_cores.ProcessRef.of(psutil.Process(orphan.pid))],
+            shm=[f"/dev/shm/{segment.name}", str(outside)],
+        )
+        removed = _cores.reap(record, wait_s=0.2)
+        assert removed == [f"/dev/shm/{segment.name}"]
+        assert not Path(f"/dev/shm/{segment.name}").exists() and outside.exists()
+        assert orphan.wait(timeout=5) is not None  # ended after its grace
+    finally:
+        orphan.kill()
+        segment.close()
+        with contextlib.suppress(FileNotFoundError):
+            segment.unlink()
+
+
+def test_reap_leaves_a_live_replica_alone() -> None:
+    import psutil
+
+    from batchclient.distributed import _cores
+
+    me = _cores.ProcessRef.of(psutil.Process())
+    assert me.alive() is not None
+    stale = _cores.ProcessRef(me.pid, me.create_time - 100)  # same pid, another process
+    assert stale.alive() is None

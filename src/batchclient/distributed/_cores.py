@@ -171,14 +171,21 @@ def _quiet(proc: psutil.Process) -> bool:
     return False
 
 
-def reap(record: SlotRecord) -> list[str]:
-    """End what a dead replica left: its engine processes (after up to 10 s to exit on their
-    own) and its shared-memory segments. Does nothing while the replica itself still runs.
-    Returns the segments unlinked."""
-    if record.replica is not None and record.replica.alive() is not None:
-        return []
+def reap(record: SlotRecord, wait_s: float = _REAP_WAIT_S) -> list[str]:
+    """End what a dead replica left: its engine processes (after up to ``wait_s`` to exit on
+    their own) and its shared-memory segments. Waits up to ``wait_s`` for the replica's own
+    process to exit (a caller sees the actor fail a moment before its process is gone), and
+    does nothing if it still runs. Returns the segments unlinked."""
+    replica = None if record.replica is None else record.replica.alive()
+    if replica is not None:
+        try:
+            replica.wait(wait_s)
+        except psutil.TimeoutExpired:
+            return []
+        except psutil.Error:
+            pass
     procs = [p for p in (ref.alive() for ref in record.engine) if p is not None]
-    _, alive = psutil.wait_procs(procs, timeout=_REAP_WAIT_S)
+    _, alive = psutil.wait_procs(procs, timeout=wait_s)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
