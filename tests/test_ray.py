@@ -22,7 +22,8 @@ import pytest
 from batchclient import RayBatchInference, SamplingParams
 from jobs_util import done_in_db, line, read_jsonl, wait_sync
 
-pytestmark = pytest.mark.engine
+# engine start-up alone takes minutes on 2 busy cores: more than the default 600 s per test
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2"
 KV = 256 << 20
