@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.setup-done
-EXTRAS ?= cpu,bench,dev,server,eval
+EXTRAS ?= cpu,ray,bench,dev,server,eval
 
 .PHONY: setup demo test test-fast lint format bench clean
 

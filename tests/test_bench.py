@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +280,41 @@ def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parser.parse_args(["--concurrency", "8", "64", "8"])
     rows = _run.plan(args)
     assert [r.label for r in rows] == [
-        "sequential", "remote@8", "remote@64", "inline", "vllm-offline",
-        "openai-gather@64", "litellm@64",
+        "sequential", "remote@8", "remote@64", "inline", "vllm-offline", "vllm-defaults",
+        "ray-1", "ray-2", "openai-gather@64", "litellm@64",
     ]  # fmt: skip
+    assert [r.replicas for r in rows if r.mode == "ray"] == [1, 2]
     assert [r.label for r in rows if r.skipped] == ["litellm@64"]
+
+
+def test_engine_targets_compare_inline_with_each_engine_mode() -> None:
+    def row(label: str, mode: str, tokens: int) -> ModeRow:
+        made = ModeRow(label, mode, None, runs=[run_row(figures(tokens, 1.0))])
+        made.finish()
+        return made
+
+    rows = [
+        row("remote@256", "remote", 90),
+        row("inline", "inline", 100),
+        row("vllm-offline", "vllm-offline", 100),
+        row("vllm-defaults", "vllm-defaults", 60),
+        row("ray-1", "ray", 96),
+        row("ray-2", "ray", 90),
+    ]
+    rows[0].concurrency = 256
+    got = {t["target"]: (round(t["value"], 3), t["met"]) for t in targets(rows, 256)}
+    assert got["inline >= 1.30 x vllm-defaults"] == (1.667, True)
+    assert got["inline >= 1.00 x vllm-offline"] == (1.0, True)
+    assert got["inline >= 1.05 x remote@256"] == (1.111, True)
+    assert got["ray-1 >= 0.95 x inline"] == (0.96, True)
+    assert got["ray-2 >= 0.95 x inline"] == (0.9, False)
+
+
+def test_harness_binding_is_every_core_unless_the_caller_set_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3}, raising=False)
+    assert _run.harness_binding() == "0-3"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    assert _run.harness_binding() == "1"  # the caller's choice stands

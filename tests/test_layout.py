@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, int]] = [
     ("inline", 9),
     ("server", 10),  # over any provider and the jobs; no provider of its own
     ("testing", 11),
+    ("distributed", 11),
     ("integrations", 11),
     ("cli", 12),
     ("", 13),  # the package's __init__
@@ -152,13 +153,15 @@ def test_there_is_no_import_cycle() -> None:
         "batchclient.cli",
         "batchclient.jobs",
         "batchclient.server",
+        "batchclient.distributed",
+        "batchclient.integrations.ray_data",
     ],
 )
 def test_public_modules_import_alone_without_vllm(module: str) -> None:
     """Each imports on its own in a fresh interpreter, and none pulls in vLLM or torch."""
     code = (
         f"import sys, {module}; "
-        "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
+        "bad = [m for m in ('vllm', 'torch', 'transformers', 'ray') if m in sys.modules]; "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -4,6 +4,7 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
 
 - :class:`RemoteBatchInference`: concurrency-limited fan-out to OpenAI-compatible endpoints;
 - :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything);
+- :class:`RayBatchInference`: vLLM engines as Ray actors, dispatched as remote replicas are;
 - :class:`BatchClient`: the same protocol over a provider of your own.
 
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
@@ -35,6 +36,10 @@ from ._core.tokens import (
     TokenizerInfo,
 )
 from ._version import __version__
+from .distributed import (
+    RayBatchInference,
+    RayProvider,
+)
 from .errors import (
     BatchClientError,
     BatchFailedError,
@@ -179,6 +184,8 @@ __all__ = [
     "ProgressCallback",
     "Provider",
     "RateLimits",
+    "RayBatchInference",
+    "RayProvider",
     "RemoteBatchInference",
     "RemoteEndpoint",
     "RemoteProvider",

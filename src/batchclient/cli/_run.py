@@ -4,7 +4,7 @@ and resumable. The batch's endpoint (``/v1/chat/completions``, ``/v1/completions
 rule: one endpoint per file).
 
 Resume key: the SHA-256 of the input's bytes plus the provider's identity (remote: base URL;
-inline: the model), content and configuration only (curator #143 keyed on in-memory
+vllm and ray: the model), content and configuration only (curator #143 keyed on in-memory
 fingerprints), kept in the job's metadata as ``batchclient_run``. Running the same command again
 
 - attaches to the job if it is still active (this client resumed it on entry);
@@ -103,10 +103,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> None:
-    """The provider options ``run`` and ``serve`` share; ``api_key_flag`` names the option of
+def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str = "--api-key") -> None:
+    """The options that choose and configure a provider (``run`` and ``serve`` share them;
+    :func:`make_provider` builds it); ``api_key_flag`` names the option of
     the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys)."""
-    p.add_argument("--provider", choices=("remote", "vllm"), default="remote")
+    p.add_argument("--provider", choices=("remote", "vllm", "ray"), default="remote")
     p.add_argument("--base-url", help="remote: API root ending in /v1")
     p.add_argument(
         api_key_flag,
@@ -120,17 +121,24 @@ def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> 
         type=int,
         default=None,
         help="requests in flight (remote: per endpoint, default 64; vllm: handed to the engine "
-        "at once, default 1024)",
+        "at once, default 1024; ray: per replica, default 1024)",
     )
     p.add_argument("--max-retries", type=int, default=4, help="remote: retries per request")
     p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
-    p.add_argument("--model", default=None, help="vllm: model path or name (default: bundled)")
+    p.add_argument("--model", default=None, help="vllm, ray: model path or name (default: bundled)")
     p.add_argument(
         "--engine-arg",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="vllm: an engine argument (value parsed as JSON if it can be), repeatable",
+        help="vllm, ray: an engine argument (value parsed as JSON if it can be), repeatable",
+    )
+    p.add_argument("--replicas", type=int, default=1, help="ray: engine replicas (default 1)")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="ray: an existing cluster (auto, ray://host:10001); default: start a local Ray",
     )
     p.add_argument(
         "--verbose",
@@ -142,6 +150,21 @@ def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str) -> 
         "--cache",
         action="store_true",
         help="answer from the result cache in the state directory and fill it (successes only)",
+    )
+    p.add_argument(
+        "--cores-per-replica",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ray, CPU: cores each replica binds (default: a one-node Ray's cores divided "
+        "among the replicas, else each replica's num_cpus)",
+    )
+    p.add_argument(
+        "--replica-resource",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ray: a Ray resource of each replica (num_cpus=2, num_gpus=1, ...), repeatable",
     )
 
 
@@ -172,8 +195,18 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def make_client(args: argparse.Namespace) -> BatchClient:
+    """The client ``run`` uses: :func:`make_provider` with the ``--state-dir`` and ``--cache``."""
+    return BatchClient(
+        make_provider(args),
+        state_dir=getattr(args, "state_dir", None),
+        cache=getattr(args, "cache", False),
+    )
+
+
 def make_provider(args: argparse.Namespace) -> Provider:
-    """The provider the options of :func:`add_provider_arguments` describe."""
+    """The provider the options of :func:`add_provider_arguments` describe (not started).
+    Raises ``ConfigurationError`` for options that do not fit together."""
     if args.provider == "remote":
         if not args.base_url:
             raise ConfigurationError("--provider remote needs --base-url")
@@ -186,29 +219,39 @@ def make_provider(args: argparse.Namespace) -> Provider:
             max_retries=args.max_retries,
             timeout=args.timeout,
         )
-    engine_args: dict[str, Any] = {}
-    for item in args.engine_arg:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigurationError(f"--engine-arg {item!r} is not KEY=VALUE")
-        try:
-            engine_args[key] = json.loads(value)
-        except ValueError:
-            engine_args[key] = value
+    engine_args = _key_values(args.engine_arg, "--engine-arg")
+    max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
+    if args.provider == "ray":
+        from ..distributed import RayProvider  # Ray itself is imported when it starts
+
+        return RayProvider(
+            args.model,
+            replicas=args.replicas,
+            address=args.ray_address,
+            resources_per_replica=_key_values(args.replica_resource, "--replica-resource"),
+            cores_per_replica=args.cores_per_replica,
+            **max_concurrency,
+            **engine_args,
+        )
     from ..inline import VLLMProvider  # vLLM itself is imported when the engine starts
 
-    max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
     return VLLMProvider(
         args.model, verbose=getattr(args, "verbose", False), **max_concurrency, **engine_args
     )
 
 
-def make_client(args: argparse.Namespace) -> BatchClient:
-    return BatchClient(
-        make_provider(args),
-        state_dir=getattr(args, "state_dir", None),
-        cache=getattr(args, "cache", False),
-    )
+def _key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` options as a dict, each value parsed as JSON when it is JSON."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"{flag} {item!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import itertools
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,10 @@ class VLLMBatchInference(BatchClient):
             into the system prompt in the call's ``tool_prompt_format`` (default ``json``) and
             calls are read back by batchclient, which works for any model, including the
             bundled one (whose template has no tool support). See ``docs/structured.md``.
+        cpu_cores: on a CPU build of vLLM, the cores the engine's compute threads are bound to
+            (default None: every core of this process's CPU affinity). Ignored when the
+            ``VLLM_CPU_OMP_THREADS_BIND`` environment variable is set (vLLM's own knob: ``auto``
+            for vLLM's default, ``nobind``, or a core list). See ``docs/inline.md`` (Speed).
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
         verbose: show everything vLLM prints (about 66 INFO lines per engine start); by
@@ -129,6 +134,7 @@ class VLLMBatchInference(BatchClient):
         *,
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
+        cpu_cores: Sequence[int] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         verbose: bool = False,
         cache: bool = False,
@@ -139,6 +145,7 @@ class VLLMBatchInference(BatchClient):
             max_concurrency=max_concurrency,
             tool_call_parser=tool_call_parser,
             verbose=verbose,
+            cpu_cores=cpu_cores,
             **engine_args,
         )
         super().__init__(provider, state_dir=state_dir, cache=cache)
@@ -156,11 +163,15 @@ class VLLMProvider(Provider):
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
         verbose: bool = False,
+        cpu_cores: Sequence[int] | None = None,
         **engine_args: Any,
     ) -> None:
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
+        if cpu_cores is not None and not cpu_cores:
+            raise ConfigurationError("cpu_cores: give at least one core (or None for all)")
         self.model = model
+        self.cpu_cores = None if cpu_cores is None else sorted(set(cpu_cores))
         self.max_concurrency = max_concurrency
         self.tool_call_parser = tool_call_parser
         self.verbose = verbose
@@ -225,7 +236,7 @@ class VLLMProvider(Provider):
             {str(ref), served, *self._served}
             | ({str(self.model)} if self.model is not None else set())
         )
-        _engine.start(engine, args)
+        _engine.start(engine, args, self.cpu_cores)
         # the model may make the engine a pooling one without runner="pooling" being given
         pooling = getattr(engine.llm.model_config, "runner_type", None) == "pooling"
         self.endpoints = _POOLING if pooling else _GENERATE
@@ -236,6 +247,12 @@ class VLLMProvider(Provider):
             with anyio.CancelScope(shield=True):
                 await self._vllm.stop_output_handler(engine)
                 await anyio.to_thread.run_sync(self._vllm.stop, engine)
+
+    @property
+    def binding(self) -> str | None:
+        """The ``VLLM_CPU_OMP_THREADS_BIND`` value the running engine started with (CPU builds;
+        None on GPUs or before start), e.g. ``"0-1"``."""
+        return None if self._engine is None else self._engine.binding
 
     def window(self) -> int:
         return self.max_concurrency
@@ -285,6 +302,10 @@ class VLLMProvider(Provider):
             _, ref = resolve_model(self.model)
             self._model_ref = os.path.abspath(ref) if os.path.exists(ref) else str(ref)
         return self._model_ref
+
+    def served_names(self) -> frozenset[str]:
+        """The names calls may use for the loaded model (empty before start)."""
+        return self._names
 
     async def check_model(self, model: str) -> None:
         if model not in self._names:

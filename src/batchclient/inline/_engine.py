@@ -36,6 +36,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from ..models import BUNDLED_MAX_MODEL_LEN
+from . import _binding
 
 DEFAULT_KV_CACHE_BYTES = 2 << 30
 """KV cache size on CPU when nothing else sizes it (2 GiB: about 58k tokens of SmolLM2-135M)."""
@@ -127,20 +128,28 @@ class Engine:
     max_model_len: int = 0
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
+    binding: str | None = None  # VLLM_CPU_OMP_THREADS_BIND the engine started with (CPU)
 
 
-def start(engine: Engine, args: Mapping[str, Any]) -> None:
+def start(engine: Engine, args: Mapping[str, Any], cores: Sequence[int] | None = None) -> None:
     """Build the ``AsyncLLM`` (blocking) into ``engine.llm``. Assigns ``engine.llm`` as soon as
-    it exists, so a caller cancelled meanwhile can still shut it down."""
+    it exists, so a caller cancelled meanwhile can still shut it down.
+
+    On a CPU build, unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the engine's compute threads
+    are bound to ``cores`` (default: every core of this process's affinity; see
+    :mod:`._binding`); ``engine.binding`` records the value used."""
     counts = engine.counts
-    engine.llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(**args),
-        # Batch inference is offline work: take the scheduler defaults of vLLM's offline
-        # ``LLM`` class (on CPU 256 sequences / 4,096 tokens per step instead of the
-        # server's 128 / 2,048), so the engine batches as ``LLM.chat`` does.
-        usage_context=UsageContext.LLM_CLASS,
-        stat_loggers=[lambda _config, _index: _CountsLogger(counts)],
-    )
+    mask = _binding.default_mask(args, cores) if current_platform.is_cpu() else None
+    engine.binding = mask or os.environ.get(_binding.THREADS_BIND)
+    with _binding.bound(mask):
+        engine.llm = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**args),
+            # Batch inference is offline work: take the scheduler defaults of vLLM's offline
+            # ``LLM`` class (on CPU 256 sequences / 4,096 tokens per step instead of the
+            # server's 128 / 2,048), so the engine batches as ``LLM.chat`` does.
+            usage_context=UsageContext.LLM_CLASS,
+            stat_loggers=[lambda _config, _index: _CountsLogger(counts)],
+        )
     engine.max_model_len = int(engine.llm.model_config.max_model_len)
     engine.sampling_defaults = dict(engine.llm.model_config.get_diff_sampling_param())
     engine.chat_template = default_chat_template(engine.llm)

@@ -38,6 +38,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._adaptive import AdaptiveLimit, AdaptiveSettings
 from ._quota import HeaderQuota
@@ -112,10 +113,13 @@ class Lane:
 
 @dataclass(eq=False)
 class Replica:
-    """One replica. ``base_url`` is its URL as shown (no userinfo, no query)."""
+    """One replica. ``base_url`` is its URL as shown (no userinfo, no query), or names a
+    replica that is not an HTTP endpoint; ``pool`` is what sends to it: the HTTP
+    :class:`Transport`, or another provider's handle on its replica (anything with
+    ``close()``)."""
 
     base_url: str
-    pool: Transport
+    pool: Transport | Any
     rates: RateBuckets
     settings: AdaptiveSettings
     adaptive: bool
@@ -373,6 +377,13 @@ class Dispatcher:
                 _, fut = queue.popleft()
                 if not fut.done():
                     fut.set_exception(problem)
+
+    def readmit(self, ep: Replica) -> None:
+        """Take an ejected endpoint back now (its owner knows it is healthy again, e.g. a
+        restarted replica), and hand it the queued attempts."""
+        ep.ejected_until = 0.0
+        ep.failures = 0
+        self._grant_all()
 
     # ------------------------------------------------------------------ reporting
 

@@ -52,6 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{ENGINE_MAX_NUM_SEQS}, the engines' sequences per step)",
     )
     modes.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        metavar="N",
+        help="ray: engine replicas (Ray actors, each bound to its own share of the cores and "
+        "given its share of the KV cache), one row per value (default 1 2)",
+    )
+    modes.add_argument(
         "--peer-concurrency",
         type=int,
         default=None,
@@ -159,6 +168,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 1")
     if any(c < 1 for c in args.concurrency) or (args.peer_concurrency or 1) < 1:
         raise ConfigurationError("concurrency values must be >= 1")
+    if any(n < 1 for n in args.replicas):
+        raise ConfigurationError("--replicas values must be >= 1")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -170,6 +181,8 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--seed", str(args.seed)]
     words += ["--max-tokens", str(args.max_tokens), "--modes", *args.modes]
     words += ["--concurrency", *map(str, args.concurrency)]
+    if "ray" in args.modes:
+        words += ["--replicas", *map(str, args.replicas)]
     if args.peer_concurrency is not None:
         words += ["--peer-concurrency", str(args.peer_concurrency)]
     if args.sequential_n is not None:

@@ -70,8 +70,10 @@ def run(spec: RunSpec) -> RunFigures:
         items, wall = _client_modes.run_litellm(spec, requests)
     elif spec.mode == "inline":
         items, wall = anyio.run(_engine_modes.run_inline, spec, requests)
-    elif spec.mode == "vllm-offline":
+    elif spec.mode in ("vllm-offline", "vllm-defaults"):  # the binding differs (harness env)
         items, wall = _engine_modes.run_vllm_offline(spec, requests)
+    elif spec.mode == "ray":
+        items, wall = anyio.run(_engine_modes.run_ray, spec, requests)
     else:
         raise ValueError(f"unknown mode {spec.mode!r}")
     figures = RunFigures.collect(requests, items, wall)

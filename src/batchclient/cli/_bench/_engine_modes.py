@@ -1,11 +1,14 @@
-"""Modes that run a vLLM engine in this process: ``inline``
-(:class:`~batchclient.VLLMBatchInference`) and ``vllm-offline`` (raw ``vllm.LLM.chat``, the
-ceiling reference).
+"""Modes that run vLLM engines: ``inline`` (:class:`~batchclient.VLLMBatchInference`),
+``vllm-offline`` (raw ``vllm.LLM.chat``, the ceiling reference), ``vllm-defaults`` (the same
+with vLLM's own thread binding) and ``ray`` (:class:`~batchclient.RayBatchInference` with
+``spec.replicas`` engines on a local Ray).
 
-Both engines get the same arguments (:func:`engine_args`): the model, its context length, eager
-mode, a ``spec.kv_cache_gib`` KV cache and vLLM's offline scheduler limits, the ones the
-harness's server gets too. Each warms up with the same prompts as the server modes outside the
-clock, then generates every request greedily to exactly its ``max_tokens`` (``ignore_eos``).
+Every engine gets the same arguments (:func:`engine_args`): the model, its context length, eager
+mode, a ``spec.kv_cache_gib`` KV cache (split between Ray replicas, so the total is the same)
+and vLLM's offline scheduler limits, the ones the harness's server gets too. The thread binding
+comes from the child's environment (the harness sets it; see ``_run.harness_binding``). Each
+warms up with the same prompts as the server modes outside the clock, then generates every
+request greedily to exactly its ``max_tokens`` (``ignore_eos``).
 """
 
 from __future__ import annotations
@@ -50,13 +53,27 @@ async def run_inline(
         return await timed_batch(own, spec, requests)
 
 
+async def run_ray(
+    spec: RunSpec, requests: Sequence[BenchRequest]
+) -> tuple[list[RequestFigures], float]:
+    """``ray``: one ``RayBatchInference.batch_chat_completion`` call over every request, with
+    ``spec.replicas`` replicas on a local Ray started for the run (each replica bound to its own
+    share of the cores by the provider's default, and given its share of the KV cache)."""
+    from ...distributed import RayBatchInference
+
+    args = engine_args(spec)
+    args["kv_cache_memory_bytes"] = args["kv_cache_memory_bytes"] // spec.replicas
+    async with RayBatchInference(spec.model_path, replicas=spec.replicas, **args) as client:
+        return await timed_batch(client, spec, requests)
+
+
 def run_vllm_offline(
     spec: RunSpec, requests: Sequence[BenchRequest]
 ) -> tuple[list[RequestFigures], float]:
-    """``vllm-offline``: ``vllm.LLM.chat(conversations, sampling_params)`` with one
-    ``SamplingParams(max_tokens=..., temperature=0, ignore_eos=True)`` per conversation. The
-    offline API gives no per-request timings (without vLLM's stat loggers), so no latency or
-    time to first token."""
+    """``vllm-offline`` and ``vllm-defaults``: ``vllm.LLM.chat(conversations, sampling_params)``
+    with one ``SamplingParams(max_tokens=..., temperature=0, ignore_eos=True)`` per
+    conversation. The offline API gives no per-request timings (without vLLM's stat loggers),
+    so no latency or time to first token."""
     from vllm import LLM
     from vllm import SamplingParams as VllmSamplingParams
 

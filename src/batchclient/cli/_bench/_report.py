@@ -90,6 +90,8 @@ def table(report: dict[str, Any]) -> str:
     lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for row in report["rows"]:
         flight = _num(row["concurrency"]) if row["concurrency"] else "engine"
+        if row["mode"] == "ray":
+            flight = f"{row.get('replicas', 1)} engines"
         m = row["median"]
         if m is None:
             why = row["skipped"] or "; ".join(row["failed_runs"]) or "no run"
@@ -149,6 +151,9 @@ def markdown(report: dict[str, Any], chart: str | None = None) -> str:
         f"- versions: batchclient {v.get('batchclient')}, vLLM {vllm_version}, torch "
         f"{v.get('torch')}, Python {v.get('python')}, openai {v.get('openai')}, litellm "
         f"{v.get('litellm') or 'not installed'}",
+        f"- engines: compute threads bound to {report['engine'].get('binding', 'auto')} "
+        "(server, inline, vllm-offline); vllm-defaults keeps vLLM's own binding; each ray-N "
+        "replica binds its own share of the cores and gets 1/N of the KV cache",
         f"- repeats: {report['repeat']} (each row is the run with the median output tok/s)",
         "",
         table(report),
@@ -227,7 +232,9 @@ _LEGEND = {
 def _colour(mode: str) -> str:
     if mode in ("remote", "inline"):
         return "#2a7ab9"
-    if mode == "vllm-offline":
+    if mode == "ray":
+        return "#2a7ab9"
+    if mode in ("vllm-offline", "vllm-defaults"):
         return "#6a9f58"
     if mode == "sequential":
         return "#b0b0b0"

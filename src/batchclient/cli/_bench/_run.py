@@ -33,6 +33,7 @@ from ._spec import (
     ENGINE_MAX_NUM_BATCHED_TOKENS,
     ENGINE_MAX_NUM_SEQS,
     ENGINE_MODES,
+    UNBOUND_MODES,
     BenchRequest,
     RunFigures,
     RunSpec,
@@ -101,14 +102,20 @@ def plan(args: argparse.Namespace) -> list[ModeRow]:
             rows += [ModeRow(f"remote@{c}", mode, c) for c in dict.fromkeys(args.concurrency)]
         elif mode in ("openai-gather", "litellm"):
             rows.append(ModeRow(f"{mode}@{peer}", mode, peer))
+        elif mode == "ray":
+            rows += [
+                ModeRow(f"ray-{n}", mode, None, replicas=n) for n in dict.fromkeys(args.replicas)
+            ]
         else:
             rows.append(ModeRow(mode, mode, None))
     for row in rows:
         package = {"litellm": "litellm", "openai-gather": "openai"}.get(row.mode)
+        needs = [package] if package else []
         if row.mode in ENGINE_MODES:
-            package = "vllm"
-        if package and importlib.util.find_spec(package) is None:
-            row.skipped = f"not installed (pip install {package})"
+            needs = ["vllm", *(["ray"] if row.mode == "ray" else [])]
+        missing = [name for name in needs if importlib.util.find_spec(name) is None]
+        if missing:
+            row.skipped = f"not installed (pip install {' '.join(missing)})"
     return rows
 
 
@@ -156,6 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": env,
         "server": f"given: {args.base_url}" if args.base_url else _server_text(args),
         "engine": {
+            "binding": harness_binding(),
             "max_model_len": args.max_model_len,
             "enforce_eager": True,
             "kv_cache_gib": args.kv_cache_gib,
@@ -180,9 +188,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def harness_binding() -> str:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` the server, ``inline`` and ``vllm-offline`` get (the
+    caller's value if set, else every core of this process's affinity, as the inline provider
+    binds by default), so their comparison is fair; on GPUs vLLM ignores it."""
+    from ...inline._binding import THREADS_BIND, affinity, bind_mask
+
+    return os.environ.get(THREADS_BIND) or bind_mask(affinity()) or "auto"
+
+
 def _server_text(args: argparse.Namespace) -> str:
     return (
-        f"started by the harness (vLLM OpenAI server, eager, {args.kv_cache_gib} GiB KV cache, "
+        f"started by the harness (vLLM OpenAI server, threads bound to {harness_binding()}, "
+        f"eager, {args.kv_cache_gib} GiB KV cache, "
         f"max_num_seqs {ENGINE_MAX_NUM_SEQS}, max_num_batched_tokens "
         f"{ENGINE_MAX_NUM_BATCHED_TOKENS}), stopped before the engine modes"
     )
@@ -193,6 +211,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
     if args.base_url:
         yield args.base_url.rstrip("/")
         return
+    from ...inline._binding import THREADS_BIND
     from ...testing import vllm_server
 
     _say("starting the vLLM server ...")
@@ -204,6 +223,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
         max_num_seqs=ENGINE_MAX_NUM_SEQS,
         max_num_batched_tokens=ENGINE_MAX_NUM_BATCHED_TOKENS,
         verbose=args.verbose,
+        env={THREADS_BIND: harness_binding()},
     ) as url:
         yield url
     _say("server stopped")
@@ -215,6 +235,7 @@ def _run_rows(rows: list[ModeRow], base: RunSpec, work: Path, args: argparse.Nam
             spec = RunSpec(**{**base.__dict__})
             spec.mode = row.mode
             spec.concurrency = row.concurrency or 1
+            spec.replicas = row.replicas
             spec.requests_file = str(
                 work / f"{'sequential' if row.mode == 'sequential' else 'all'}.json"
             )
@@ -242,10 +263,13 @@ def _child(spec: RunSpec, stem: Path, timeout: float, *, verbose: bool) -> RunFi
     with ``verbose`` to the terminal too."""
     import json
 
+    from ...inline._binding import THREADS_BIND
+
     spec_file, log_file = stem.with_suffix(".spec.json"), stem.with_suffix(".log")
     spec.save(spec_file)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != THREADS_BIND},
+        **({} if spec.mode in UNBOUND_MODES else {THREADS_BIND: harness_binding()}),
         **vllm_env(verbose),
         **({VERBOSE_ENV: "1"} if is_verbose(verbose) else {}),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm fetches a price list at import

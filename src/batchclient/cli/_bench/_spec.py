@@ -15,10 +15,22 @@ from typing import Any
 
 SERVER_MODES = ("sequential", "remote", "openai-gather", "litellm")
 """Modes that send requests to the OpenAI-compatible server."""
-ENGINE_MODES = ("inline", "vllm-offline")
-"""Modes that run a vLLM engine in their own process (the server is stopped meanwhile)."""
-ALL_MODES = ("sequential", "remote", "inline", "vllm-offline", "openai-gather", "litellm")
+ENGINE_MODES = ("inline", "vllm-offline", "vllm-defaults", "ray")
+"""Modes that run vLLM engines in their own process (the server is stopped meanwhile)."""
+ALL_MODES = (
+    "sequential",
+    "remote",
+    "inline",
+    "vllm-offline",
+    "vllm-defaults",
+    "ray",
+    "openai-gather",
+    "litellm",
+)
 """Every mode, in report order."""
+UNBOUND_MODES = ("vllm-defaults", "ray")
+"""Modes whose child does not get the harness's thread binding: ``vllm-defaults`` keeps vLLM's
+own (``auto``), ``ray`` lets each replica bind its own cores."""
 
 ENGINE_MAX_NUM_SEQS = 256
 """Sequences per engine step: vLLM's offline (``LLM`` class) default on CPU, given to the server
@@ -55,6 +67,7 @@ class RunSpec:
     max_model_len: int = 2048
     kv_cache_gib: int = KV_CACHE_GIB
     warmup: bool = True
+    replicas: int = 1
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self)), encoding="utf-8")

@@ -68,6 +68,7 @@ class ModeRow:
     label: str
     mode: str
     concurrency: int | None
+    replicas: int = 1
     runs: list[dict[str, Any]] = field(default_factory=list)
     failed_runs: list[str] = field(default_factory=list)
     skipped: str | None = None
@@ -144,6 +145,39 @@ def targets(rows: list[ModeRow], peer_concurrency: int) -> list[dict[str, Any]]:
         for peer in rows:
             if peer.mode in PEERS and peer.rate:
                 out.append(_target(f"{remote.label} >= {peer.label}", remote.rate / peer.rate, 1.0))
+    out += engine_targets(rows, inline, remote)
+    return out
+
+
+ENGINE_TARGETS = {"vllm-defaults": 1.30, "remote": 1.05, "vllm-offline": 1.0, "ray": 0.95}
+"""Thread binding and engine reuse: ``inline`` at least 1.3x raw ``LLM.chat`` with vLLM's own
+binding, 1.05x the same engine behind the server, 1.0x raw ``LLM.chat`` with the same binding;
+each ``ray-N`` row at least 0.95x ``inline`` (one engine bound to every core)."""
+
+
+def engine_targets(
+    rows: list[ModeRow], inline: ModeRow | None, remote: ModeRow | None
+) -> list[dict[str, Any]]:
+    """The :data:`ENGINE_TARGETS` that apply to the rows that ran."""
+    if inline is None or not inline.rate:
+        return []
+    out = []
+    for mode in ("vllm-defaults", "vllm-offline"):
+        base = next((r for r in rows if r.mode == mode and r.rate), None)
+        if base is not None and base.rate:
+            needed = ENGINE_TARGETS[mode]
+            out.append(_target(f"inline >= {needed:.2f} x {mode}", inline.rate / base.rate, needed))
+    if remote is not None and remote.rate:
+        needed = ENGINE_TARGETS["remote"]
+        out.append(
+            _target(f"inline >= {needed:.2f} x {remote.label}", inline.rate / remote.rate, needed)
+        )
+    for row in rows:
+        if row.mode == "ray" and row.rate:
+            needed = ENGINE_TARGETS["ray"]
+            out.append(
+                _target(f"{row.label} >= {needed:.2f} x inline", row.rate / inline.rate, needed)
+            )
     return out
 
 

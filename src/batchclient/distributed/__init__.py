@@ -1,0 +1,8 @@
+"""Engine replicas on a Ray cluster: :class:`RayBatchInference` (guide: ``docs/scale-out.md``).
+
+Importing this package does not import Ray; the provider imports it when it starts.
+"""
+
+from ._provider import RayBatchInference, RayProvider
+
+__all__ = ["RayBatchInference", "RayProvider"]

@@ -1,0 +1,185 @@
+"""``RayBatchInference`` on a real local Ray cluster: two replicas of the bundled model, each an
+engine with a small KV cache bound to its own core. Ordered results, per-item errors,
+cancellation, the Ray Data adapter, a job resumed after its client process is killed, and a
+replica killed mid-batch (last: it leaves one replica). Start-up takes one to several minutes on
+2 busy cores."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from batchclient import RayBatchInference, SamplingParams
+from jobs_util import done_in_db, line, read_jsonl, wait_sync
+
+# engine start-up alone takes minutes on 2 busy cores: more than the default 600 s per test
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+
+MODEL = "smollm2"
+KV = 256 << 20
+
+
+@pytest.fixture(scope="module")
+async def ray_client() -> AsyncIterator[RayBatchInference]:
+    async with RayBatchInference(
+        replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
+    ) as client:
+        yield client
+
+
+def conversations(n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"Count from {i} to {i + 3}."}] for i in range(n)]
+
+
+async def idle(client: RayBatchInference) -> list[tuple[int, int, int]]:
+    """Each replica's engine counts after a tiny probe per replica (the engine core reports
+    its counts with each step's output, so the probe makes the report fresh)."""
+    hi = [[{"role": "user", "content": "Hi"}]] * 4
+    await client.batch_chat_completion(MODEL, hi, SamplingParams(max_tokens=2))
+    return await client.provider.engine_counts()
+
+
+async def test_replicas_bind_their_own_cores(ray_client: RayBatchInference) -> None:
+    infos = [h.info for h in ray_client.provider.handles]
+    cores = [tuple(i.record["cores"]) for i in infos]
+    assert len(set(cores)) == 2 and all(len(c) == 1 for c in cores)  # one core each
+    assert sorted(i.binding for i in infos) == sorted(",".join(map(str, c)) for c in cores)
+    assert all(i.record["shm"] for i in infos)  # their message queues are on record
+
+
+async def test_ordered_results_and_per_item_errors(ray_client: RayBatchInference) -> None:
+    batch = conversations(24)
+    batch.insert(7, [{"role": "user", "content": "word " * 1500}])  # over max_model_len 1024
+    result = await ray_client.batch_chat_completion(
+        MODEL,
+        batch,
+        SamplingParams(max_tokens=8),
+        custom_ids=[f"c{i}" for i in range(len(batch))],
+    )
+    assert [r.custom_id for r in result.batch] == [f"c{i}" for i in range(25)]
+    bad = result.batch[7]
+    assert bad.error is not None and bad.error.code == "context_length_exceeded"
+    assert all(r.error is None and r.text for i, r in enumerate(result.batch) if i != 7)
+    # both replicas served: the dispatcher spread the batch over them
+    served = {s.url: s.succeeded for s in ray_client.provider._dispatcher.stats()}  # type: ignore[union-attr]
+    assert all(n > 0 for n in served.values()), served
+
+
+async def test_cancellation_aborts_in_the_actors(ray_client: RayBatchInference) -> None:
+    with anyio.move_on_after(3):
+        await ray_client.batch_chat_completion(
+            MODEL, conversations(16), SamplingParams(max_tokens=900, ignore_eos=True)
+        )
+    deadline = time.monotonic() + 30
+    counts = await idle(ray_client)
+    while any(c != (0, 0, 0) for c in counts) and time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+        counts = await idle(ray_client)
+    assert counts == [(0, 0, 0), (0, 0, 0)]
+
+
+async def test_ray_data_adapter_gives_every_row_an_answer_or_an_error(
+    ray_client: RayBatchInference,
+) -> None:
+    import ray.data
+
+    from batchclient.integrations.ray_data import infer
+
+    rows: list[dict[str, Any]] = [
+        {"id": i, "messages": [{"role": "user", "content": f"Say {i}."}]} for i in range(64)
+    ]
+    rows[10]["messages"] = [{"role": "user", "content": "word " * 1500}]  # too long
+    dataset = ray.data.from_items(rows)
+    out = infer(dataset, ray_client, sampling={"max_tokens": 4}, batch_size=16).take_all()
+    by_id = {r["id"]: r for r in out}
+    assert sorted(by_id) == list(range(64))
+    assert by_id[10]["error_code"] == "context_length_exceeded" and by_id[10]["answer"] is None
+    ok = [r for i, r in by_id.items() if i != 10]
+    assert all(r["error_code"] is None and r["answer"] for r in ok)
+    assert all(0 < r["completion_tokens"] <= 4 for r in ok)
+
+
+def test_a_job_resumes_after_its_client_process_is_killed(
+    ray_client: RayBatchInference, tmp_path: Path
+) -> None:
+    """``batchclient run --provider ray`` on this test's Ray cluster (its own replica), killed
+    with SIGKILL mid-run; the same command again finishes the job, every line exactly once."""
+    inp = tmp_path / "in.jsonl"
+    n = 48
+    inp.write_text("\n".join(line(f"r{i}", f"Write about {i}.", max_tokens=48) for i in range(n)))
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    cmd = [
+        sys.executable, "-m", "batchclient.cli", "run", str(inp), "-o", str(out),
+        "--state-dir", str(state), "--provider", "ray", "--ray-address", "auto",
+        "--replicas", "1", "--max-concurrency", "4", "--no-progress",
+        "--engine-arg", f"kv_cache_memory_bytes={KV}", "--engine-arg", "max_model_len=1024",
+        "--cores-per-replica", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+    first = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        wait_sync(lambda: done_in_db(state) >= 4, timeout=540, every=0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    done_before = done_in_db(state)
+    assert done_before < n, "the job finished before it could be killed"
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resum" in second.stderr  # it took the unfinished job up, not a new one
+    ids = Counter(row["custom_id"] for row in read_jsonl(out))
+    assert ids == Counter({f"r{i}": 1 for i in range(n)})
+    assert all(row["error"] is None for row in read_jsonl(out))
+
+
+async def test_a_killed_replica_loses_no_item_and_leaves_no_shared_memory(
+    ray_client: RayBatchInference,
+) -> None:
+    import ray
+
+    provider = ray_client.provider
+    victim = provider.handles[0]
+    shm = [Path(p) for p in victim.info.record["shm"]]
+    assert shm and all(p.exists() for p in shm)
+    batch = conversations(32)
+
+    async def kill_soon() -> None:
+        await anyio.sleep(2.0)  # the batch is in flight on both replicas
+        ray.kill(victim.actor, no_restart=True)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kill_soon)
+        result = await ray_client.batch_chat_completion(
+            MODEL, batch, SamplingParams(max_tokens=24, ignore_eos=True)
+        )
+    assert [r.error for r in result.batch] == [None] * 32
+    assert all(r.text for r in result.batch)
+    stats = {s.url: s for s in provider._dispatcher.stats()}  # type: ignore[union-attr]
+    assert stats["ray-replica-0"].ejected
+    deadline = time.monotonic() + 60
+    while any(p.exists() for p in shm) and time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+    assert not [p for p in shm if p.exists()]
+    record = victim.info.record
+    survivors = [e for e in record["engine"] if _alive(e["pid"], e["create_time"])]
+    assert survivors == []
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return bool(abs(proc.create_time() - create_time) < 0.01 and proc.is_running())
+    except psutil.Error:
+        return False
