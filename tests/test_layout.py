@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_core.client", 8),
     ("remote", 9),
     ("inline", 9),
+    ("batchapi", 9),
     ("testing", 10),
     ("cli", 11),
     ("", 12),  # the package's __init__

@@ -4,6 +4,8 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
 
 - :class:`RemoteBatchInference`: concurrency-limited fan-out to OpenAI-compatible endpoints;
 - :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything);
+- :class:`BatchAPIBatchInference`: a remote OpenAI Batch API (``/v1/files`` + ``/v1/batches``:
+  OpenAI's discounted batches, or another ``batchclient serve``), durable and resumable;
 - :class:`BatchClient`: the same protocol over a provider of your own.
 
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
@@ -28,6 +30,10 @@ from ._core.request import (
     Result,
     failed,
     item_error,
+)
+from .batchapi import (
+    BatchAPIBatchInference,
+    BatchAPIProvider,
 )
 from .errors import (
     BatchClientError,
@@ -112,6 +118,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveConcurrency",
     "Batch",
+    "BatchAPIBatchInference",
+    "BatchAPIProvider",
     "BatchChatCompletionResponse",
     "BatchClient",
     "BatchClientError",

@@ -67,6 +67,7 @@ class ErrorCode(StrEnum):
     invalid_tool_call = "invalid_tool_call"  # tool call arguments do not match the tool's schema
     batch_cancelled = "batch_cancelled"  # job cancelled before this request finished
     batch_expired = "batch_expired"  # job's completion window passed first
+    batch_failed = "batch_failed"  # the remote batch holding this request failed as a whole
     # Input-file validation (OpenAI Batch API codes).
     invalid_json_line = "invalid_json_line"
     missing_required_parameter = "missing_required_parameter"

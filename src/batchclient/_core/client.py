@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
 from ..errors import BatchFailedError, ClientClosedError
-from ..jobs import Batches, Files, JobManager, default_state_dir
+from ..jobs import Batches, Files, JobManager, JobRunner, default_state_dir
 from ..types import (
     BatchChatCompletionResponse,
     BatchOptions,
@@ -80,7 +80,9 @@ class BatchClient:
     async def __aenter__(self) -> Self:
         await self.provider.start()
         try:
-            manager = JobManager(self._state_dir, provider=self.provider)
+            manager = JobManager(
+                self._state_dir, provider=self.provider, runner=self._job_runner()
+            )
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
             await self.provider.stop()
@@ -100,6 +102,11 @@ class BatchClient:
                 await manager.__aexit__(None, None, None)  # pauses running batches
         finally:
             await self.provider.stop()
+
+    def _job_runner(self) -> JobRunner | None:
+        """How this client's jobs run; None: through ``provider.execute`` (a client whose
+        requests go elsewhere, such as a remote Batch API, returns its own)."""
+        return None
 
     def _manager(self) -> JobManager:
         if self._jobs is None:

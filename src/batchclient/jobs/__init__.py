@@ -11,7 +11,7 @@ directory without running jobs (the ``batchclient jobs`` commands):
 
 from ._files import Files
 from ._manager import Batches, JobManager
-from ._runner import parse_window
+from ._runner import JobRunner, RunningJob, parse_window
 from ._store import default_state_dir
 from ._validate import ValidationReport, validate_batch_file
 
@@ -19,6 +19,8 @@ __all__ = [
     "Batches",
     "Files",
     "JobManager",
+    "JobRunner",
+    "RunningJob",
     "ValidationReport",
     "default_state_dir",
     "parse_window",

@@ -48,7 +48,7 @@ from ..types import (
 )
 from ._files import Files
 from ._output import iter_output_lines, response_for, write_lines
-from ._runner import RunningJob, finalize, parse_window, run_job
+from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
 from ._store import ACTIVE, Store, default_state_dir, now
 
 LEASE_S = 10.0
@@ -71,18 +71,21 @@ class JobManager:
     """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
     provider identity matches on entry); without one it can only inspect, cancel and export.
-    ``files`` and ``batches`` are the same calls as a client's."""
+    ``runner`` replaces how a job runs (default: :func:`run_job` over the provider's
+    ``execute``). ``files`` and ``batches`` are the same calls as a client's."""
 
     def __init__(
         self,
         state_dir: str | os.PathLike[str] | None = None,
         *,
         provider: Provider | None = None,
+        runner: JobRunner | None = None,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
         self._provider = provider
+        self._runner = runner
         self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
@@ -186,7 +189,10 @@ class JobManager:
         assert self._store is not None and self._provider is not None
         store = self._store
         try:
-            await run_job(store, self._provider, running)
+            if self._runner is not None:
+                await self._runner(store, running)
+            else:
+                await run_job(store, self._provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client

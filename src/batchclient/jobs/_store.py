@@ -5,7 +5,11 @@ Tables: ``files`` (the OpenAI file records and each file's SHA-256), ``jobs`` (t
 record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``) and
 ``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding the line of
 the output or error file it becomes, serialised once when it is committed, so that writing the
-files at the end only concatenates text).
+files at the end only concatenates text). Jobs run on a remote Batch API (``batchclient.batchapi``)
+also use ``remote_parts`` (each remote batch a job owns: its range of input lines, remote file
+and batch ids, last seen status and request counts) and ``remote_calls`` (the job behind each
+``batch_chat_completion`` call, by content key, so a repeated call re-attaches). Tables are
+created with ``IF NOT EXISTS``: an older state directory gains them on first open.
 
 Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
 process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
@@ -60,6 +64,14 @@ CREATE TABLE IF NOT EXISTS results(
     status_code INTEGER, error TEXT, line TEXT NOT NULL,
     input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(job_id, seq));
+CREATE TABLE IF NOT EXISTS remote_parts(
+    job_id TEXT NOT NULL, part INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+    count INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
+    input_file_id TEXT, batch_id TEXT, remote_status TEXT,
+    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(job_id, part));
+CREATE TABLE IF NOT EXISTS remote_calls(
+    call_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);
 """
 _TIMESTAMPS = (
     "in_progress_at",
@@ -340,6 +352,36 @@ class Store:
 
     def delete_results(self, job_id: str) -> None:
         self._write("DELETE FROM results WHERE job_id = ?", (job_id,))
+
+    # ------------------------------------------------------------------ remote batches
+
+    def add_part(self, job_id: str, part: int, first_seq: int, count: int, attempt: int) -> None:
+        """Record a planned remote batch covering input lines ``first_seq .. +count``."""
+        self._write(
+            "INSERT INTO remote_parts (job_id, part, first_seq, count, attempt, state) "
+            "VALUES (?, ?, ?, ?, ?, 'planned')",
+            (job_id, part, first_seq, count, attempt),
+        )
+
+    def update_part(self, job_id: str, part: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._write(
+            f"UPDATE remote_parts SET {sets} WHERE job_id = ? AND part = ?",
+            [*fields.values(), job_id, part],
+        )
+
+    def parts(self, job_id: str) -> list[sqlite3.Row]:
+        """The job's remote batches, in part order."""
+        return self._all("SELECT * FROM remote_parts WHERE job_id = ? ORDER BY part", (job_id,))
+
+    def call_job(self, call_key: str) -> sqlite3.Row | None:
+        return self._one("SELECT * FROM remote_calls WHERE call_key = ?", (call_key,))
+
+    def set_call(self, call_key: str, job_id: str, *, delivered: bool = False) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO remote_calls VALUES (?, ?, ?)",
+            (call_key, job_id, int(delivered)),
+        )
 
 
 class _Transaction:
