@@ -5,6 +5,7 @@ requests (guide: ``docs/benchmarks.md``).
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
+                  | --provider batch-api --base-url URL [--poll-interval S] [--max-lines N]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
 

@@ -50,12 +50,37 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write failed lines here (default: every line goes to --output, as vllm run-batch)",
     )
-    p.add_argument("--provider", choices=("remote", "vllm"), default="remote")
-    p.add_argument("--base-url", help="remote: API root ending in /v1")
+    p.add_argument(
+        "--provider",
+        choices=("remote", "vllm", "batch-api"),
+        default="remote",
+        help="remote: live fan-out to an OpenAI-compatible server; vllm: an engine in this "
+        "process; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
+        "discounted batches, or a `batchclient serve`)",
+    )
+    p.add_argument("--base-url", help="remote, batch-api: API root ending in /v1")
     p.add_argument(
         "--api-key",
         default=os.environ.get("OPENAI_API_KEY"),
-        help="remote: bearer token (default $OPENAI_API_KEY)",
+        help="remote, batch-api: bearer token (default $OPENAI_API_KEY)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=10.0,
+        help="batch-api: seconds between two polls of a remote batch (default 10)",
+    )
+    p.add_argument(
+        "--max-lines",
+        type=int,
+        default=50_000,
+        help="batch-api: most requests in one remote batch; more are split (default 50000)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=200 * 1024 * 1024,
+        help="batch-api: largest remote input file in bytes (default 200 MiB)",
     )
     p.add_argument(
         "--max-concurrency",
@@ -116,6 +141,21 @@ def make_client(args: argparse.Namespace) -> BatchClient:
             args.api_key,
             max_concurrency=args.max_concurrency or 64,
             max_retries=args.max_retries,
+            timeout=args.timeout,
+            state_dir=state_dir,
+        )
+    if args.provider == "batch-api":
+        if not args.base_url:
+            raise ConfigurationError("--provider batch-api needs --base-url")
+        from ..batchapi import BatchAPIBatchInference
+
+        return BatchAPIBatchInference(
+            args.base_url,
+            args.api_key,
+            poll_interval=args.poll_interval,
+            max_lines=args.max_lines,
+            max_bytes=args.max_bytes,
+            completion_window=args.completion_window,
             timeout=args.timeout,
             state_dir=state_dir,
         )

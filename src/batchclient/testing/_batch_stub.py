@@ -48,6 +48,7 @@ class BatchStubStats:
 class _Batch:
     data: dict[str, Any]
     lines: list[dict[str, Any]]
+    bytes_in: int = 0
     cancel: bool = False
 
 
@@ -94,6 +95,8 @@ class BatchAPIStub:
         self.models = models
         self.api_key = api_key
         self.stats = BatchStubStats()
+        self.poll_times: list[float] = []
+        """``time.monotonic()`` of every ``GET /batches/{id}``."""
         self.batches: dict[str, _Batch] = {}
         self.files: dict[str, dict[str, Any]] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="batch-stub-"))
@@ -170,7 +173,8 @@ class BatchAPIStub:
         file_id = body.get("input_file_id")
         if file_id not in self.files:
             return _error(400, f"no file {file_id}", "invalid_request")
-        lines = [json.loads(x) for x in (self._dir / file_id).read_text().splitlines() if x]
+        raw = (self._dir / file_id).read_bytes()
+        lines = [json.loads(x) for x in raw.splitlines() if x.strip()]
         self.stats.lines += len(lines)
         now = int(time.time())
         batch_id = f"batch_{secrets.token_hex(8)}"
@@ -182,7 +186,7 @@ class BatchAPIStub:
             "expires_at": now + 86400, "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": body.get("metadata"),
         }  # fmt: skip
-        self.batches[batch_id] = _Batch(data, lines)
+        self.batches[batch_id] = _Batch(data, lines, bytes_in=len(raw))
         task = asyncio.get_running_loop().create_task(self._process(self.batches[batch_id]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -204,6 +208,7 @@ class BatchAPIStub:
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         self.stats.polls += 1
+        self.poll_times.append(time.monotonic())
         if self.poll_faults:
             fault = self.poll_faults.pop(0)
             raw = fault.raw if fault.raw is not None else json.dumps(fault.body or {}).encode()
