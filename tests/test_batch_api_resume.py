@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(
     async def main() -> None:
         async with BatchAPIBatchInference(url, poll_interval=0.05, state_dir=state) as c:
             if mode == "call":
-                msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(%d)]
+                msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
                 await c.batch_chat_completion("smollm2", msgs)
             else:
                 record = await c.files.create(sys.argv[4])
@@ -40,8 +40,7 @@ CHILD = textwrap.dedent(
 
     anyio.run(main)
     """
-    % N
-)
+).replace("range(N)", f"range({N})")
 
 
 def submitted(state: Path) -> bool:

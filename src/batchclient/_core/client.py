@@ -80,9 +80,7 @@ class BatchClient:
     async def __aenter__(self) -> Self:
         await self.provider.start()
         try:
-            manager = JobManager(
-                self._state_dir, provider=self.provider, runner=self._job_runner()
-            )
+            manager = JobManager(self._state_dir, provider=self.provider, runner=self._job_runner())
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
             await self.provider.stop()

@@ -309,7 +309,7 @@ class BatchAPIStub:
         await site.start()
         server = site._server
         assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self._ready.set()
         try:
             await self._stopped.wait()
