@@ -18,6 +18,7 @@ from batchclient import (
     ModelNotFoundError,
     RemoteProvider,
     RetryPolicy,
+    ToolPromptFormat,
 )
 from batchclient.testing import BatchAPIStub, StubReply, StubServer
 from jobs_util import jsonl, line, read_jsonl, until
@@ -281,3 +282,24 @@ async def test_output_lines_in_the_store_are_openai_batch_lines(tmp_path: Path) 
             row = json.loads(path.read_text())
     assert row["custom_id"] == "0" and row["response"]["status_code"] == 200
     assert row["response"]["body"]["choices"][0]["message"]["content"] == "echo: a"
+
+
+async def test_tools_in_the_prompt_are_written_into_each_line(tmp_path: Path) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    with BatchAPIStub() as stub:
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_chat_completion(
+                "smollm2",
+                convo(["weather?"]),
+                tools=[tool],
+                tool_prompt_format=ToolPromptFormat.json,
+            )
+    body = next(iter(stub.batches.values())).lines[0]["body"]
+    assert "tools" not in body and "get_weather" in json.dumps(body["messages"])
+    assert texts(result) == ["echo: weather?"]  # a plain answer: no call in it

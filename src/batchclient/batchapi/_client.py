@@ -30,7 +30,7 @@ from ..jobs import Batches, JobManager, JobRunner, parse_window
 from ..jobs._files import _store_file
 from ..jobs._store import ResultRow, Store
 from ..remote._settings import RetryPolicy
-from ..types import Batch, BatchProgress, BatchRequestCounts, ProgressCallback
+from ..types import Batch, BatchItemError, BatchProgress, BatchRequestCounts, ProgressCallback
 from ._parts import Limits, batch_line
 from ._provider import BatchAPIProvider
 from ._runner import RemoteRunner, RunSettings
@@ -172,11 +172,20 @@ class BatchAPIBatchInference(BatchClient):
         )
         if calls.sent == 0:
             await to_thread.run_sync(store.delete_file, record.id)
-            return self._decode(calls, [], decode, n)
+            lost = item_error(ErrorCode.internal_error, "no result recorded")
+            return self._decode(calls, iter(()), decode, n, lost)
         job_id, calls.key = await self._job_for(manager, store, record.id, calls.endpoint)
         await self._follow(job_id, n, calls.refused, started, progress)
-        rows = await to_thread.run_sync(lambda: list(store.iter_results(job_id)))
-        results = self._decode(calls, rows, decode, n)
+        job = await manager.info(job_id)
+        first = job.errors.data[0] if job.errors and job.errors.data else None
+        lost = item_error(
+            first.code if first else ErrorCode.internal_error,
+            f"batch {job_id} {job.status}: {first.message}" if first else "no result recorded",
+        )
+        # decoded in a worker thread, streamed from SQLite: the rows are never all in memory
+        results = await to_thread.run_sync(
+            lambda: self._decode(calls, store.iter_results(job_id), decode, n, lost)
+        )
         await to_thread.run_sync(lambda: store.set_call(calls.key, job_id, delivered=True))
         if progress is not None:
             bad = sum(getattr(r, "error", None) is not None for r in results)
@@ -243,9 +252,10 @@ class BatchAPIBatchInference(BatchClient):
     def _decode(
         self,
         calls: _CallRequests,
-        rows: list[ResultRow],
+        rows: Iterator[ResultRow],
         decode: Callable[[Request, Result], R],
         n: int,
+        lost: BatchItemError,
     ) -> list[R]:
         out: list[R | None] = [None] * n
         for request in calls.refused_requests:
@@ -256,10 +266,9 @@ class BatchAPIBatchInference(BatchClient):
             assert known is not None
             out[index] = decode(known, _result_of(row, calls.plans.get(index)))
         missing = [i for i, r in enumerate(out) if r is None]
-        for i in missing:  # the job always ends with a row per line; never lose an item anyway
-            lost = calls.by_index[i] or Request(index=i, body={})
-            error = item_error(ErrorCode.internal_error, "no result recorded for this request")
-            out[i] = decode(lost, Result(None, None, error=error))
+        for i in missing:  # a job that failed as a whole has no rows: never lose an item
+            request = calls.by_index[i] or Request(index=i, body={})
+            out[i] = decode(request, Result(None, None, error=lost))
         return out  # type: ignore[return-value]
 
 
