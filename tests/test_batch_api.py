@@ -303,3 +303,30 @@ async def test_tools_in_the_prompt_are_written_into_each_line(tmp_path: Path) ->
     body = next(iter(stub.batches.values())).lines[0]["body"]
     assert "tools" not in body and "get_weather" in json.dumps(body["messages"])
     assert texts(result) == ["echo: weather?"]  # a plain answer: no call in it
+
+
+async def test_past_the_local_window_remote_batches_are_cancelled_and_kept(
+    tmp_path: Path,
+) -> None:
+    with BatchAPIStub(line_delay_s=0.05) as stub:
+        async with client(stub, tmp_path, completion_window="1s", expiry_grace_s=0) as c:
+            result = await c.batch_chat_completion("smollm2", convo([f"w{i}" for i in range(60)]))
+            job = (await c.batches.list())[0]
+    done = [i for i in result.batch if i.error is None]
+    expired = [i for i in result.batch if i.error and i.error.code == "batch_expired"]
+    assert 0 < len(done) < 60 and len(done) + len(expired) == 60
+    assert job.status == "expired" and stub.stats.cancels == 1
+    assert [b.data["status"] for b in stub.batches.values()] == ["cancelled"]
+
+
+async def test_the_provider_alone_runs_each_request_as_a_one_line_batch(tmp_path: Path) -> None:
+    from batchclient import BatchAPIProvider, BatchClient
+
+    with BatchAPIStub(error_match="BAD") as stub:
+        provider = BatchAPIProvider(stub.url, poll_interval=0.02, retry=FAST)
+        async with BatchClient(provider, state_dir=tmp_path) as c:
+            result = await c.batch_chat_completion("smollm2", convo(["a", "b BAD"]))
+    assert texts(result) == ["echo: a", None]
+    error = result.batch[1].error
+    assert error is not None and error.status_code == 400
+    assert stub.stats.creates == 2 and sorted(len(b.lines) for b in stub.batches.values()) == [1, 1]
