@@ -159,9 +159,11 @@ class BatchAPIBatchInference(BatchClient):
         n: int,
         decode: Callable[[Request, Result], R],
         progress: ProgressCallback | None,
+        on_item: Callable[[int, R], None] | None = None,
     ) -> list[R]:
         """Write the call's requests as a batch file, run it as a local job on the remote API
-        (or re-attach to the job an identical earlier call started), decode in input order."""
+        (or re-attach to the job an identical earlier call started), decode in input order
+        (each item handed to ``on_item`` too, in input order, once the job has finished)."""
         manager = self._manager()
         store = await manager.store()
         started = time.perf_counter()
@@ -173,7 +175,7 @@ class BatchAPIBatchInference(BatchClient):
         if calls.sent == 0:
             await to_thread.run_sync(store.delete_file, record.id)
             lost = item_error(ErrorCode.internal_error, "no result recorded")
-            return self._decode(calls, iter(()), decode, n, lost)
+            return _handed(self._decode(calls, iter(()), decode, n, lost), on_item)
         job_id, calls.key = await self._job_for(manager, store, record.id, calls.endpoint)
         await self._follow(job_id, n, calls.refused, started, progress)
         job = await manager.info(job_id)
@@ -195,7 +197,7 @@ class BatchAPIBatchInference(BatchClient):
                     elapsed_s=time.perf_counter() - started,
                 )
             )  # fmt: skip
-        return results
+        return _handed(results, on_item)
 
     async def _job_for(
         self, manager: JobManager, store: Store, file_id: str, endpoint: str
@@ -270,6 +272,13 @@ class BatchAPIBatchInference(BatchClient):
             request = calls.by_index[i] or Request(index=i, body={})
             out[i] = decode(request, Result(None, None, error=lost))
         return out  # type: ignore[return-value]
+
+
+def _handed(results: list[R], on_item: Callable[[int, R], None] | None) -> list[R]:
+    if on_item is not None:
+        for index, item in enumerate(results):
+            on_item(index, item)
+    return results
 
 
 class _CallRequests:
