@@ -97,6 +97,9 @@ class BatchAPIStub:
         self.stats = BatchStubStats()
         self.poll_times: list[float] = []
         """``time.monotonic()`` of every ``GET /batches/{id}``."""
+        self.calls: list[str] = []
+        """Every call in arrival order: ``upload``, ``create``, ``poll``, ``list``, ``cancel``,
+        ``download``."""
         self.batches: dict[str, _Batch] = {}
         self.files: dict[str, dict[str, Any]] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="batch-stub-"))
@@ -138,6 +141,7 @@ class BatchAPIStub:
 
     async def _upload(self, request: web.Request) -> web.Response:
         self.stats.uploads += 1
+        self.calls.append("upload")
         file_id = f"file-{secrets.token_hex(8)}"
         path = self._dir / file_id
         size, purpose, name = 0, None, "upload.jsonl"
@@ -165,10 +169,12 @@ class BatchAPIStub:
         if file_id not in self.files:
             return _error(404, f"no file {file_id}", "not_found")
         self.stats.downloads += 1
+        self.calls.append("download")
         return web.FileResponse(self._dir / file_id)
 
     async def _create(self, request: web.Request) -> web.Response:
         self.stats.creates += 1
+        self.calls.append("create")
         body = await request.json()
         file_id = body.get("input_file_id")
         if file_id not in self.files:
@@ -197,6 +203,7 @@ class BatchAPIStub:
 
     async def _list(self, request: web.Request) -> web.Response:
         self.stats.lists += 1
+        self.calls.append("list")
         limit = int(request.query.get("limit", "20"))
         ordered = sorted(self.batches.values(), key=lambda b: b.data["created_at"], reverse=True)
         ids = [b.data["id"] for b in ordered]
@@ -208,6 +215,7 @@ class BatchAPIStub:
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         self.stats.polls += 1
+        self.calls.append("poll")
         self.poll_times.append(time.monotonic())
         if self.poll_faults:
             fault = self.poll_faults.pop(0)
@@ -220,6 +228,7 @@ class BatchAPIStub:
 
     async def _cancel(self, request: web.Request) -> web.Response:
         self.stats.cancels += 1
+        self.calls.append("cancel")
         batch = self.batches.get(request.match_info["id"])
         if batch is None:
             return _error(404, "no such batch", "not_found")
