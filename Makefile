@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.setup-done
-EXTRAS ?= cpu,bench,dev
+EXTRAS ?= cpu,bench,dev,server
 
 .PHONY: setup demo test lint format bench clean
 

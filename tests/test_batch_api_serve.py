@@ -1,5 +1,6 @@
 """``BatchAPIBatchInference`` against a real ``batchclient serve`` on loopback (uvicorn serving
-``batchclient.server.create_app`` over a ``RemoteProvider`` pointed at the chat stub): ordered
+``batchclient.server.create_app`` over a ``RemoteProvider`` pointed at the chat stub, through
+``batchclient.testing.AppServer``): ordered
 results, per-item errors, a split into several remote batches, a client SIGKILLed while it waits
 then re-attached with no second submission, and cancel."""
 
@@ -10,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,13 +21,12 @@ import openai
 import pytest
 
 from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy
-from batchclient.testing import Fault, StubReply, StubServer
+from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from jobs_util import jsonl, line, until, wait_sync
 
 server_module = pytest.importorskip("batchclient.server")
-uvicorn = pytest.importorskip("uvicorn")
 
-KEY = "sk-serve-test"
+KEY = "sk-serve-test-0123456789abcdef"
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 REFUSED = StubReply(
     status=400,
@@ -52,19 +51,11 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
     with StubServer(
         latency_s=0.01, record_bodies=True, faults=[Fault(REFUSED, match="BAD")]
     ) as stub:
-        provider = RemoteProvider(stub.url, max_retries=0, retry=FAST)
+        # 4 in flight: the server takes a while over a batch, so a client can die waiting
+        provider = RemoteProvider(stub.url, max_concurrency=4, max_retries=0, retry=FAST)
         app = server_module.create_app(provider, state_dir=tmp_path / "server", api_keys=[KEY])
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        wait_sync(lambda: server.started, timeout=30)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield Serve(f"http://127.0.0.1:{port}/v1", stub, tmp_path / "server")
-        finally:
-            server.should_exit = True
-            thread.join(30)
+        with AppServer(app) as url:
+            yield Serve(url + "/v1", stub, tmp_path / "server")
 
 
 def client(serve: Serve, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
@@ -166,6 +157,8 @@ async def test_killed_client_reattaches_without_a_second_submission(
 ) -> None:
     serve.stub.latency_s = 0.1  # the server runs 40 lines for a while
     kill_once_submitted(serve, tmp_path)
+    running = await remote_batches(serve)
+    assert [b["status"] for b in running] in (["validating"], ["in_progress"])  # died waiting
     serve.stub.latency_s = 0.0
     async with client(serve, tmp_path) as c:
         result = await c.batch_chat_completion("smollm2", convo([f"k{i}" for i in range(40)]))

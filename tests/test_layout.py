@@ -38,9 +38,10 @@ LAYERS: list[tuple[str, int]] = [
     ("remote", 9),
     ("inline", 9),
     ("batchapi", 9),
-    ("testing", 10),
-    ("cli", 11),
-    ("", 12),  # the package's __init__
+    ("server", 10),  # over any provider and the jobs; no provider of its own
+    ("testing", 11),
+    ("cli", 12),
+    ("", 13),  # the package's __init__
 ]
 
 
@@ -139,7 +140,14 @@ def test_there_is_no_import_cycle() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["batchclient", "batchclient.testing", "batchclient.cli", "batchclient.jobs"]
+    "module",
+    [
+        "batchclient",
+        "batchclient.testing",
+        "batchclient.cli",
+        "batchclient.jobs",
+        "batchclient.server",
+    ],
 )
 def test_public_modules_import_alone_without_vllm(module: str) -> None:
     """Each imports on its own in a fresh interpreter, and none pulls in vLLM or torch."""

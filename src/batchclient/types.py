@@ -583,7 +583,8 @@ class BatchOptions(TypedDict, total=False):
 class FileObject(_Model):
     """A stored file (OpenAI ``/v1/files`` shape, ``openai.types.FileObject``); ``bytes`` is its
     size, ``created_at`` unix seconds, ``purpose`` ``batch`` for inputs and ``batch_output`` for
-    files the jobs write."""
+    files the jobs write. Files never expire here (``expires_at`` None); ``status`` and
+    ``status_details`` are kept for the SDK's shape (OpenAI marks both deprecated)."""
 
     id: str
     object: Literal["file"] = "file"
@@ -592,6 +593,8 @@ class FileObject(_Model):
     filename: str
     purpose: str = "batch"
     status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
 
 
 class FileDeleted(_Model):

@@ -75,6 +75,12 @@ class BatchClient:
         """Where files, batches and results are kept (a SQLite database and ``files/``)."""
         return self._state_dir
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the client is inside its ``async with`` block (provider started, batches
+        running)."""
+        return self._jobs is not None
+
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:

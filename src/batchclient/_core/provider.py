@@ -57,6 +57,11 @@ class Provider(abc.ABC):
         """Raise ``ModelNotFoundError`` when ``model`` is known not to be served (checked once
         per call and per job, before any request is sent). Default: no check."""
 
+    async def models(self) -> list[str]:
+        """The names of the models this provider serves (``GET /v1/models`` of
+        ``batchclient serve``); empty when it cannot tell. Default: empty."""
+        return []
+
     def identity(self) -> dict[str, Any]:
         """What changes the answers (JSON-serialisable, never a secret): a job interrupted on
         this provider is resumed only by a provider with the same identity. Default: the class

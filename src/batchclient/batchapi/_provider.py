@@ -64,6 +64,10 @@ class BatchAPIProvider(Provider):
     def identity(self) -> dict[str, Any]:
         return {"provider": "batch-api", "base_url": self.base_url}
 
+    async def models(self) -> list[str]:
+        listed = await self.api.models()
+        return sorted(listed) if listed else []
+
     async def check_model(self, model: str) -> None:
         if not self._check_models or model in self._known:
             return

@@ -1,17 +1,20 @@
 """The ``batchclient`` command: ``run`` an OpenAI batch file (like ``vllm run-batch``, but durable
-and resumable), manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
-requests (guide: ``docs/benchmarks.md``).
+and resumable), ``serve`` the OpenAI Files + Batches API over HTTP (guide: ``docs/server.md``),
+manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical requests
+(guide: ``docs/benchmarks.md``).
 
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
                   | --provider batch-api --base-url URL [--poll-interval S] [--max-lines N]
+    batchclient serve [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
+                    --provider remote --base-url URL | --provider vllm [--model M]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
     batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
 
-``run`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the user data
-directory). Subcommands register themselves in :data:`COMMANDS`; add one with a function that
-takes the subparsers and the shared parent parser.
+``run``, ``serve`` and ``jobs`` take ``--state-dir`` (default ``$BATCHCLIENT_STATE_DIR`` or the
+user data directory). Subcommands register themselves in :data:`COMMANDS`; add one with a
+function that takes the subparsers and the shared parent parser.
 """
 
 from __future__ import annotations
@@ -91,7 +94,25 @@ def _add_demo(
     p.set_defaults(func=demo_command)
 
 
-COMMANDS: list[Register] = [_add_run, _add_jobs, _add_bench, _add_demo]
+def _add_serve(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._serve import add_serve_arguments, serve_command
+
+    p = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the OpenAI Files + Batches API (durable batches) over HTTP",
+        description="An OpenAI-compatible /v1/files, /v1/batches, /v1/models and "
+        "/v1/chat/completions server, plus the original /batch-inference routes, in front of a "
+        "provider. Batches are durable: after a crash, start it again on the same state "
+        "directory and they resume. Guide: docs/server.md.",
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=serve_command)
+
+
+COMMANDS: list[Register] = [_add_run, _add_serve, _add_jobs, _add_bench, _add_demo]
 """Subcommand registrars, in help order."""
 
 

@@ -34,6 +34,7 @@ from rich.progress import (
 )
 
 from .._core.client import BatchClient
+from .._core.provider import Provider
 from ..errors import ConfigurationError
 from ..types import Batch
 
@@ -50,38 +51,62 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write failed lines here (default: every line goes to --output, as vllm run-batch)",
     )
+    add_provider_arguments(p, api_key_flag="--api-key", batch_api=True)
+    p.add_argument(
+        "--completion-window",
+        default="24h",
+        help="how long the job may run, e.g. 24h, 30m (default 24h)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def add_provider_arguments(
+    p: argparse.ArgumentParser, *, api_key_flag: str, batch_api: bool = False
+) -> None:
+    """The provider options ``run`` and ``serve`` share; ``api_key_flag`` names the option of
+    the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys). ``batch_api``
+    adds ``--provider batch-api`` and its options (``run`` only: a remote Batch API runs whole
+    files, not the one request at a time a server in front of it would send)."""
+    choices = ("remote", "vllm", "batch-api") if batch_api else ("remote", "vllm")
     p.add_argument(
         "--provider",
-        choices=("remote", "vllm", "batch-api"),
+        choices=choices,
         default="remote",
         help="remote: live fan-out to an OpenAI-compatible server; vllm: an engine in this "
-        "process; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
-        "discounted batches, or a `batchclient serve`)",
+        "process"
+        + (
+            "; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
+            "discounted batches, or a `batchclient serve`)"
+            if batch_api
+            else ""
+        ),
     )
     p.add_argument("--base-url", help="remote, batch-api: API root ending in /v1")
     p.add_argument(
-        "--api-key",
+        api_key_flag,
+        dest="upstream_api_key",
         default=os.environ.get("OPENAI_API_KEY"),
-        help="remote, batch-api: bearer token (default $OPENAI_API_KEY)",
+        help="remote, batch-api: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        default=10.0,
-        help="batch-api: seconds between two polls of a remote batch (default 10)",
-    )
-    p.add_argument(
-        "--max-lines",
-        type=int,
-        default=50_000,
-        help="batch-api: most requests in one remote batch; more are split (default 50000)",
-    )
-    p.add_argument(
-        "--max-bytes",
-        type=int,
-        default=200 * 1024 * 1024,
-        help="batch-api: largest remote input file in bytes (default 200 MiB)",
-    )
+    if batch_api:
+        p.add_argument(
+            "--poll-interval",
+            type=float,
+            default=10.0,
+            help="batch-api: seconds between two polls of a remote batch (default 10)",
+        )
+        p.add_argument(
+            "--max-lines",
+            type=int,
+            default=50_000,
+            help="batch-api: most requests in one remote batch; more are split (default 50000)",
+        )
+        p.add_argument(
+            "--max-bytes",
+            type=int,
+            default=200 * 1024 * 1024,
+            help="batch-api: largest remote input file in bytes (default 200 MiB)",
+        )
     p.add_argument(
         "--max-concurrency",
         type=int,
@@ -99,12 +124,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="vllm: an engine argument (value parsed as JSON if it can be), repeatable",
     )
-    p.add_argument(
-        "--completion-window",
-        default="24h",
-        help="how long the job may run, e.g. 24h, 30m (default 24h)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -129,35 +148,19 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace) -> BatchClient:
-    state_dir = getattr(args, "state_dir", None)
+def make_provider(args: argparse.Namespace) -> Provider:
+    """The provider the options of :func:`add_provider_arguments` describe."""
     if args.provider == "remote":
         if not args.base_url:
             raise ConfigurationError("--provider remote needs --base-url")
-        from ..remote import RemoteBatchInference
+        from ..remote import RemoteProvider
 
-        return RemoteBatchInference(
+        return RemoteProvider(
             args.base_url,
-            args.api_key,
+            args.upstream_api_key,
             max_concurrency=args.max_concurrency or 64,
             max_retries=args.max_retries,
             timeout=args.timeout,
-            state_dir=state_dir,
-        )
-    if args.provider == "batch-api":
-        if not args.base_url:
-            raise ConfigurationError("--provider batch-api needs --base-url")
-        from ..batchapi import BatchAPIBatchInference
-
-        return BatchAPIBatchInference(
-            args.base_url,
-            args.api_key,
-            poll_interval=args.poll_interval,
-            max_lines=args.max_lines,
-            max_bytes=args.max_bytes,
-            completion_window=args.completion_window,
-            timeout=args.timeout,
-            state_dir=state_dir,
         )
     engine_args: dict[str, Any] = {}
     for item in args.engine_arg:
@@ -168,10 +171,30 @@ def make_client(args: argparse.Namespace) -> BatchClient:
             engine_args[key] = json.loads(value)
         except ValueError:
             engine_args[key] = value
-    from ..inline import VLLMBatchInference  # vLLM itself is imported when the engine starts
+    from ..inline import VLLMProvider  # vLLM itself is imported when the engine starts
 
     max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    return VLLMBatchInference(args.model, state_dir=state_dir, **max_concurrency, **engine_args)
+    return VLLMProvider(args.model, **max_concurrency, **engine_args)
+
+
+def make_client(args: argparse.Namespace) -> BatchClient:
+    state_dir = getattr(args, "state_dir", None)
+    if args.provider == "batch-api":
+        if not args.base_url:
+            raise ConfigurationError("--provider batch-api needs --base-url")
+        from ..batchapi import BatchAPIBatchInference
+
+        return BatchAPIBatchInference(
+            args.base_url,
+            args.upstream_api_key,
+            poll_interval=args.poll_interval,
+            max_lines=args.max_lines,
+            max_bytes=args.max_bytes,
+            completion_window=args.completion_window,
+            timeout=args.timeout,
+            state_dir=state_dir,
+        )
+    return BatchClient(make_provider(args), state_dir=state_dir)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -132,6 +132,7 @@ class VLLMProvider(Provider):
         self._engine: Engine | None = None
         self._vllm: ModuleType | None = None  # the ._engine module, imported on start
         self._names: frozenset[str] = frozenset()
+        self._served: list[str] = []  # the served names alone (no paths), for listings
         # Engine request ids: a per-client random prefix and a counter, never anything the
         # caller supplied (two clients or two calls can never collide).
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -172,8 +173,9 @@ class VLLMProvider(Provider):
         bundled = self.model is None or self.model == BUNDLED_MODEL_NAME
         args = _engine.engine_args(str(ref), served, bundled, self.engine_args)
         names = args["served_model_name"]
+        self._served = [names] if isinstance(names, str) else list(names)
         self._names = frozenset(
-            {str(ref), served, *([names] if isinstance(names, str) else names)}
+            {str(ref), served, *self._served}
             | ({str(self.model)} if self.model is not None else set())
         )
         _engine.start(engine, args)
@@ -194,6 +196,11 @@ class VLLMProvider(Provider):
     def identity(self) -> dict[str, Any]:
         # What changes the answers: the model. Engine args (memory, parallelism) do not.
         return {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
+
+    async def models(self) -> list[str]:
+        """The loaded model's served names (``smollm2`` for the bundled one); empty before
+        ``start``."""
+        return list(self._served)
 
     async def check_model(self, model: str) -> None:
         if model not in self._names:

@@ -9,7 +9,7 @@ directory without running jobs (the ``batchclient jobs`` commands):
 - :func:`default_state_dir`: where state lives by default.
 """
 
-from ._files import Files
+from ._files import Files, StagedFile
 from ._manager import Batches, JobManager
 from ._runner import JobRunner, RunningJob, parse_window
 from ._store import default_state_dir
@@ -21,6 +21,7 @@ __all__ = [
     "JobManager",
     "JobRunner",
     "RunningJob",
+    "StagedFile",
     "ValidationReport",
     "default_state_dir",
     "parse_window",

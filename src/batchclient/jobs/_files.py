@@ -1,5 +1,7 @@
 """``client.files``: upload, list, read and delete files in the state directory (OpenAI
-``/v1/files`` in spirit). Uploads are streamed in 1 MiB chunks, never read whole into memory."""
+``/v1/files`` in spirit). Uploads are streamed in 1 MiB chunks, never read whole into memory;
+:meth:`Files.stage` / :meth:`Files.commit` take the bytes piece by piece from a caller that
+receives them itself (``batchclient serve`` writes a multipart upload straight into one)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,19 @@ class Files:
             name = Path(str(name)).name
         return await to_thread.run_sync(_store_file, store, file, purpose, name)
 
+    async def stage(self) -> StagedFile:
+        """A new file being written into the state directory: :meth:`StagedFile.write` its
+        bytes (blocking: call it from a worker thread), then :meth:`commit` it, or
+        :meth:`StagedFile.discard` it. Nothing is listed until it is committed."""
+        store = await self._store()
+        return await to_thread.run_sync(StagedFile, store)
+
+    async def commit(self, staged: StagedFile, *, purpose: str, filename: str) -> FileObject:
+        """Make a staged file a stored file (its ``id`` and record; ``filename`` is metadata
+        only, never a path) and return its ``FileObject``."""
+        store = await self._store()
+        return await to_thread.run_sync(staged.commit, store, purpose, filename)
+
     async def retrieve(self, file_id: str) -> FileObject:
         """The record of one file."""
         store = await self._store()
@@ -85,26 +100,53 @@ class Files:
         return FileDeleted(id=file_id)
 
 
+class StagedFile:
+    """The bytes of a file being stored, in a temporary file (mode 0600) next to where it will
+    live; ``bytes`` counts what was written so far. Blocking methods (call them from a worker
+    thread)."""
+
+    def __init__(self, store: Store) -> None:
+        self.id = f"file-{secrets.token_hex(12)}"
+        self.bytes = 0
+        self._target = store.file_path(self.id)
+        self._tmp = self._target.with_name(f".{self.id}.tmp")
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._file: IO[bytes] | None = os.fdopen(fd, "wb")
+        self._digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        assert self._file is not None, "the staged file was committed or discarded"
+        self._file.write(data)
+        self._digest.update(data)
+        self.bytes += len(data)
+
+    def commit(self, store: Store, purpose: str, filename: str) -> FileObject:
+        assert self._file is not None, "the staged file was committed or discarded"
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self._target)
+        record = FileObject(
+            id=self.id, bytes=self.bytes, created_at=now(), filename=filename, purpose=purpose
+        )
+        store.add_file(record, self._digest.hexdigest())
+        return record
+
+    def discard(self) -> None:
+        """Remove the temporary file (does nothing after ``commit``)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self._tmp.unlink(missing_ok=True)
+
+
 def _store_file(store: Store, file: FileInput, purpose: str, filename: str) -> FileObject:
-    file_id = f"file-{secrets.token_hex(12)}"
-    target = store.file_path(file_id)
-    tmp = target.with_name(f".{file_id}.tmp")
-    digest = hashlib.sha256()
-    size = 0
+    staged = StagedFile(store)
     try:
-        with tmp.open("wb") as out:
-            for chunk in _chunks(file):
-                out.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-        os.replace(tmp, target)
+        for chunk in _chunks(file):
+            staged.write(chunk)
+        return staged.commit(store, purpose, filename)
     finally:
-        tmp.unlink(missing_ok=True)
-    record = FileObject(
-        id=file_id, bytes=size, created_at=now(), filename=filename, purpose=purpose
-    )
-    store.add_file(record, digest.hexdigest())
-    return record
+        staged.discard()
 
 
 def _chunks(file: Any) -> Any:

@@ -284,6 +284,11 @@ class RemoteProvider(Provider):
             raise ModelNotFoundError(model, sorted(listed))
         self._known_models[model] = True
 
+    async def models(self) -> list[str]:
+        """The models the first endpoint that can list them lists (``GET /models``), sorted;
+        empty when none can."""
+        return sorted(await self._list_models() or ())
+
     async def _list_models(self) -> set[str] | None:
         """The models of the first endpoint that answers ``GET /models``, else None."""
         for ep in self._dispatcher.endpoints:

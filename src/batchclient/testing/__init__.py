@@ -11,8 +11,11 @@
   on polling, lost create answers), in a background thread.
 - :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
   was sent twice.
+- :class:`AppServer`: an ASGI application (``batchclient.server.create_app(...)``) on a real
+  uvicorn server on loopback, in a background thread.
 """
 
+from ._app_server import AppServer
 from ._batch_stub import BatchAPIStub, BatchStubStats
 from ._process import StubProcess
 from ._proxy import CountingProxy
@@ -20,6 +23,7 @@ from ._stub import Fault, StubReply, StubServer, StubStats
 from ._vllm_server import free_port, vllm_server
 
 __all__ = [
+    "AppServer",
     "BatchAPIStub",
     "BatchStubStats",
     "CountingProxy",

@@ -1,0 +1,125 @@
+"""``/v1/batches``: create (with ``Idempotency-Key``), retrieve, cancel, list (cursor pages).
+Objects are ``openai.types.Batch``; output and error files are ``/v1/files`` objects with
+purpose ``batch_output``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from anyio import to_thread
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from .._core.client import BatchClient
+from ..jobs import parse_window
+from ..types import Batch
+from ._body import read_model
+from ._errors import APIError, found
+from ._idempotency import MAX_KEY_LENGTH, KeyReused, body_digest
+from ._middleware import tenant_of
+from ._routes_files import page
+
+router = APIRouter(prefix="/v1")
+
+
+class BatchCreate(BaseModel):
+    """``POST /v1/batches`` (OpenAI's ``BatchCreateParams``). ``completion_window`` accepts any
+    duration (``"24h"``, ``"30m"``; OpenAI only ``"24h"``). ``output_expires_after`` is not
+    accepted: files are kept until deleted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+
+
+@router.post("/batches")
+async def create_batch(
+    request: Request,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> JSONResponse:
+    tenant = tenant_of(request)
+    body, params = await read_model(request, BatchCreate)
+    client = tenant.client
+    served = sorted(e.value for e in client.provider.endpoints)
+    if params.endpoint not in served:
+        raise APIError(
+            400,
+            f"endpoint {params.endpoint[:100]!r} is not served here; served: {', '.join(served)}",
+            param="endpoint",
+        )
+    try:
+        parse_window(params.completion_window)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="completion_window") from None
+    if idempotency_key is None:
+        batch = await _create(client, params)
+        return JSONResponse(batch.model_dump(mode="json"))
+    if not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
+        raise APIError(
+            400,
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters",
+            param="Idempotency-Key",
+        )
+    digest = body_digest(body)
+    async with tenant.create_lock:  # a retry racing the first request waits for its batch
+        try:
+            known = await to_thread.run_sync(tenant.idempotency.lookup, idempotency_key, digest)
+        except KeyReused:
+            raise APIError(
+                422,
+                "this Idempotency-Key was used with another request body",
+                param="Idempotency-Key",
+                code="idempotency_key_reused",
+            ) from None
+        if known is not None:
+            with found("batch", known, "batch_id"):
+                batch = await client.batches.retrieve(known)
+        else:
+            batch = await _create(client, params)
+            await to_thread.run_sync(tenant.idempotency.record, idempotency_key, digest, batch.id)
+    return JSONResponse(batch.model_dump(mode="json"))
+
+
+async def _create(client: BatchClient, params: BatchCreate) -> Batch:
+    with found("file", params.input_file_id, "input_file_id"):
+        return await client.batches.create(
+            params.input_file_id,
+            endpoint=params.endpoint,
+            completion_window=params.completion_window,
+            metadata=params.metadata,
+        )
+
+
+@router.get("/batches/{batch_id}")
+async def retrieve_batch(request: Request, batch_id: str) -> JSONResponse:
+    with found("batch", batch_id, "batch_id"):
+        batch = await tenant_of(request).client.batches.retrieve(batch_id)
+    return JSONResponse(batch.model_dump(mode="json"))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: str) -> JSONResponse:
+    """Cancel and answer once the batch is ``cancelled``: finished lines are kept in the
+    output file, the rest fail with ``batch_cancelled``. 409 for a finished batch."""
+    with found("batch", batch_id, "batch_id"):
+        batch = await tenant_of(request).client.batches.cancel(batch_id)
+    return JSONResponse(batch.model_dump(mode="json"))
+
+
+@router.get("/batches")
+async def list_batches(
+    request: Request,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> JSONResponse:
+    """Newest first, at most ``limit``, starting after the batch ``after`` (exclusive)."""
+    batches = tenant_of(request).client.batches
+    try:
+        items = await batches.list(limit=limit + 1, after=after)
+    except KeyError:  # JobNotFoundError: an unknown cursor
+        raise APIError(400, f"after: no batch {after!r}", param="after") from None
+    return JSONResponse(page(items[:limit], has_more=len(items) > limit))

@@ -1,0 +1,107 @@
+"""Helpers of the server tests: apps on real uvicorn servers, the SDK's shapes, polling."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from pydantic import BaseModel
+
+from batchclient import RemoteProvider
+from batchclient.server import create_app
+from batchclient.testing import AppServer
+from jobs_util import jsonl, line
+
+KEY_A = "key-a-0123456789abcdef"
+KEY_B = "key-b-fedcba9876543210"
+TERMINAL = ("completed", "failed", "cancelled", "expired")
+
+
+@contextmanager
+def served(stub_url: str, state: Path, **options: Any) -> Iterator[str]:
+    """``create_app(RemoteProvider(stub_url), state_dir=state, **options)`` on uvicorn; yields
+    the base URL (without ``/v1``)."""
+    provider = RemoteProvider(stub_url, max_concurrency=options.pop("max_concurrency", 64))
+    with AppServer(create_app(provider, state_dir=state, **options)) as url:
+        yield url
+
+
+def sdk(url: str, key: str | None = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key or "none", max_retries=0, timeout=30)
+
+
+def http(url: str, key: str | None = KEY_A) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def batch_file(n: int, prefix: str = "r", **body: Any) -> bytes:
+    return jsonl([line(f"{prefix}{i}", f"{prefix} {i}", **body) for i in range(n)])
+
+
+def shaped(model: type[BaseModel], raw: dict[str, Any]) -> Any:
+    """``raw`` validated as the SDK's ``model``, with exactly the SDK's fields."""
+    assert set(raw) == set(model.model_fields), set(raw) ^ set(model.model_fields)
+    return model.model_validate(raw)
+
+
+def finished(batch: Any) -> int:
+    """``completed + failed`` of an SDK ``Batch``."""
+    counts = batch.request_counts
+    assert counts is not None
+    return int(counts.completed + counts.failed)
+
+
+def wait_batch(client: openai.OpenAI, batch_id: str, within: float = 60.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL:
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        time.sleep(0.05)
+
+
+def is_envelope(response: httpx.Response) -> dict[str, Any]:
+    """The error of an OpenAI error envelope, checked to have exactly its four fields."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return dict(body["error"])
+
+
+class Servers:
+    """Several apps at once, all stopped at the end of the test."""
+
+    def __init__(self, stub_url: str, root: Path) -> None:
+        self.stub_url = stub_url
+        self.root = root
+        self.stack = ExitStack()
+
+    def start(self, name: str = "state", **options: Any) -> str:
+        return self.stack.enter_context(served(self.stub_url, self.root / name, **options))
+
+
+BOUNDARY = "batchclient-test-boundary"
+MULTIPART = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def multipart(parts: dict[str, str | bytes]) -> bytes:
+    """A ``multipart/form-data`` body (boundary :data:`BOUNDARY`): bytes values are files."""
+    out = b""
+    for name, value in parts.items():
+        disposition = f'form-data; name="{name}"'
+        if isinstance(value, bytes):
+            disposition += '; filename="in.jsonl"'
+            payload = value
+        else:
+            payload = value.encode()
+        out += f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
+        out += payload + b"\r\n"
+    return out + f"--{BOUNDARY}--\r\n".encode()

@@ -1,0 +1,161 @@
+"""``batchclient serve`` as a command: it refuses an open address without keys, a batch survives
+SIGKILL of the server (started again, it resumes: counts never go back, every custom_id once,
+at most the in-flight window sent twice), and SIGTERM pauses batches and exits within 10 s.
+The servers run as subprocesses; the provider is a loopback stub in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from batchclient.cli import main
+from batchclient.server import is_loopback, tenant_id
+from batchclient.testing import Fault, StubReply, StubServer, free_port
+from jobs_util import done_in_db, wait_sync
+from server_util import KEY_A, batch_file, finished, sdk, wait_batch
+
+WINDOW = 8
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.9.9.9", True), ("::1", True), ("localhost", True),
+     ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("no-such-host.invalid", False)],
+)  # fmt: skip
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_serve_refuses_an_open_address_without_keys_and_bad_keys(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BATCHCLIENT_API_KEYS", raising=False)
+    base = ["serve", "--base-url", "http://127.0.0.1:9/v1", "--port", "0"]
+    assert main([*base, "--host", "0.0.0.0"]) == 2
+    assert "refusing to listen on 0.0.0.0 without keys" in capsys.readouterr().err
+    assert main([*base, "--api-key", "short"]) == 2
+    assert "at least 16 characters" in capsys.readouterr().err
+    monkeypatch.setenv("BATCHCLIENT_API_KEYS", "bad key with spaces, and more")
+    assert main(base) == 2
+    assert "visible ASCII" in capsys.readouterr().err
+
+
+def spawn(stub_url: str, state: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    log = (state.parent / f"serve-{port}-{time.monotonic_ns()}.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    args = ["serve", "--base-url", stub_url, "--port", str(port), "--state-dir", str(state),
+            "--api-key", KEY_A, "--max-concurrency", str(WINDOW), *extra]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchclient.cli", *args], env=env, stdout=log, stderr=log
+    )
+
+
+def ready(url: str, proc: subprocess.Popen[bytes], **client: object) -> None:
+    def answers() -> bool:
+        assert proc.poll() is None, "the server exited"
+        try:
+            headers = {"Authorization": f"Bearer {KEY_A}"}
+            return httpx.get(f"{url}/v1/models", headers=headers, **client).is_success  # type: ignore[arg-type]
+        except httpx.TransportError:
+            return False
+
+    wait_sync(answers, timeout=60, every=0.1)
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    with StubServer(latency_s=0.05, record_bodies=True, faults=[
+        Fault(StubReply(delay_s=60), match="SLOW"),
+    ]) as server:  # fmt: skip
+        yield server
+
+
+def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path) -> None:
+    state, port = tmp_path / "state", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = spawn(stub.url, state, port)
+    try:
+        ready(url, proc)
+        client = sdk(url)
+        upload = client.files.create(file=("in.jsonl", batch_file(150)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        seen = []
+        # killed at a moment set by what the provider received, unrelated to commits
+        wait_sync(lambda: stub.stats.requests >= 50 + WINDOW, timeout=60, every=0.002)
+        seen.append(finished(client.batches.retrieve(batch.id)))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        tenant = state / "tenants" / tenant_id(KEY_A)
+        at_kill, sent_before = done_in_db(tenant), stub.stats.requests
+        proc = spawn(stub.url, state, port)
+        ready(url, proc)
+        while (current := client.batches.retrieve(batch.id)).status != "completed":
+            seen.append(finished(current))
+            time.sleep(0.02)
+        done = wait_batch(client, batch.id)
+        output = client.files.content(done.output_file_id).text.splitlines()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 50 <= at_kill < 150 and sent_before - at_kill <= WINDOW
+    assert seen == sorted(seen) and seen[0] <= at_kill  # counts never went back
+    assert all(x >= at_kill for x in seen[1:])
+    assert done.request_counts is not None and done.request_counts.completed == 150
+    ids = [json.loads(x)["custom_id"] for x in output]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(150))  # every custom_id, once
+    sent = Counter(body["messages"][0]["content"] for body in stub.stats.bodies)
+    assert len(sent) == 150 and sum(n - 1 for n in sent.values()) <= WINDOW
+
+
+def test_sigterm_pauses_batches_and_exits_within_10_s(stub: StubServer, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    pem, ca_pem = tmp_path / "server.pem", tmp_path / "ca.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    ca.cert_pem.write_to_path(str(ca_pem))
+    state, port = tmp_path / "state", free_port()
+    url = f"https://127.0.0.1:{port}"
+    proc = spawn(stub.url, state, port, "--ssl-certfile", str(pem), "--ssl-keyfile", str(pem))
+    try:
+        ready(url, proc, verify=str(ca_pem))
+        with httpx.Client(
+            base_url=url, verify=str(ca_pem), headers={"Authorization": f"Bearer {KEY_A}"}
+        ) as client:
+            upload = client.post(
+                "/v1/files",
+                files={"file": ("in.jsonl", batch_file(40, "SLOW"))},
+                data={"purpose": "batch"},
+            ).json()
+            batch = client.post(
+                "/v1/batches",
+                json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions"},
+            ).json()
+        wait_sync(lambda: stub.stats.in_flight >= WINDOW, timeout=30)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 0 and took < 10, (code, took)
+    wait_sync(lambda: stub.stats.in_flight == 0, timeout=5)  # its requests were closed
+    db = state / "tenants" / tenant_id(KEY_A) / "batchclient.sqlite3"
+    with sqlite3.connect(db) as conn:
+        (status,) = conn.execute("SELECT status FROM jobs WHERE id = ?", (batch["id"],)).fetchone()
+    assert status == "in_progress"  # paused, to resume on the next start
+    log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+    assert "POST /v1/batches 200" in log and KEY_A not in log

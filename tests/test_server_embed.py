@@ -1,0 +1,67 @@
+"""``create_app`` inside other code: over a client that is already open (served as it is, left
+open), and mounted in another ASGI application (its lifespan entered by the parent's)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI
+
+from batchclient import BatchClient, RemoteProvider
+from batchclient.server import create_app
+from batchclient.testing import AppServer, StubServer
+from server_util import KEY_A, batch_file
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubServer]:
+    with StubServer() as server:
+        yield server
+
+
+async def test_an_open_client_is_served_as_it_is_and_left_open(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    async with BatchClient(RemoteProvider(stub.url), state_dir=tmp_path) as client:
+        mine = await client.files.create(batch_file(2), filename="mine.jsonl")
+        async with AppServer(create_app(client)) as url:
+            sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            assert [f.id async for f in sdk.files.list()] == [mine.id]  # one tenant: the client
+            batch = await sdk.batches.create(
+                input_file_id=mine.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            done = await client.batches.wait(batch.id)  # the app's batch is the client's
+            await sdk.close()
+        assert client.is_open and done.request_counts.completed == 2
+        assert (await client.batches.retrieve(batch.id)).status == "completed"
+
+
+async def test_mounted_in_another_app(stub: StubServer, tmp_path: Path) -> None:
+    api = create_app(RemoteProvider(stub.url), state_dir=tmp_path, api_keys=[KEY_A])
+
+    @asynccontextmanager
+    async def lifespan(parent: FastAPI) -> AsyncIterator[None]:
+        async with api.router.lifespan_context(api):  # mounted apps' lifespans do not run
+            yield
+
+    parent = FastAPI(lifespan=lifespan)
+
+    @parent.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    parent.mount("/batch", api)
+    async with AppServer(parent) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/batch/v1", api_key=KEY_A, max_retries=0)
+        assert [m.id for m in (await sdk.models.list()).data] == ["smollm2"]
+        record = await sdk.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+        assert (await sdk.files.retrieve(record.id)).bytes == record.bytes
+        await sdk.close()
+        async with httpx.AsyncClient(base_url=url) as plain:
+            assert (await plain.get("/health")).json() == {"status": "ok"}
+            assert (await plain.get("/batch/v1/files")).status_code == 401
