@@ -1,19 +1,22 @@
 """Submission overhead of ``BatchAPIBatchInference`` against ``batchclient serve`` over the stub.
 
 Three processes besides this one: the chat stub (``python -m batchclient.testing stub``),
-``batchclient serve`` over a ``RemoteProvider`` pointed at the stub (uvicorn, via
-``batchclient.server.create_app``), and the measured client, a fresh child per run.
+``batchclient serve --provider remote`` pointed at the stub (256 in flight), and the measured
+client, a fresh child per run.
 
-Figures, for one ``batch_chat_completion`` of N conversations (default 10,000):
+Figures, for N conversations (default 10,000; 40-word prompts, ``max_tokens`` 16):
 
-- ``write_upload_s``: from the call until every remote batch is created (the requests written as
-  batch JSONL into the state directory, split, uploaded, ``POST /batches``), and
-  ``write_upload_peak_rss_mib``: the client's peak RSS until then (psutil, sampled every 10 ms);
-- ``total_s``: the whole call (write, upload, the server running the batch, polls, download,
-  decode), ``total_peak_rss_mib``;
-- ``run_batch_api_s``: the same file through ``batchclient run --provider batch-api`` at the
-  server; ``run_direct_s``: the same file through ``batchclient run --provider remote`` straight
-  at the stub; the ratios of both Batch API figures to ``run_direct_s``.
+- ``call_batch_api``: one ``BatchAPIBatchInference.batch_chat_completion`` at the server.
+  ``write_upload_s``: from the call until every remote batch has its id (the requests written as
+  batch JSONL into the state directory, split, uploaded, ``POST /batches``), with
+  ``write_upload_peak_rss_mib``, the client's peak RSS until then (psutil, every 10 ms);
+  ``total_s``: the whole call (write, upload, the server running the batch, polls, download,
+  decode) and ``total_peak_rss_mib``;
+- ``call_direct``: the same call through ``RemoteBatchInference`` straight at the stub (256 in
+  flight); ``call_total_over_direct`` = the two ``total_s`` divided;
+- ``run_batch_api_s`` / ``run_direct_s``: the same file through ``batchclient run --provider
+  batch-api`` at the server / ``--provider remote`` at the stub (whole processes, start-up
+  included), and their ratio.
 
 Usage: ``python bench/batch_api_overhead.py [-n 10000] [--max-lines 50000] [--poll-interval
 0.25] [--out bench/results/batch_api_overhead.json]``.
@@ -22,6 +25,7 @@ Usage: ``python bench/batch_api_overhead.py [-n 10000] [--max-lines 50000] [--po
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -41,14 +45,14 @@ def prompt(i: int) -> str:
     return f"Question {i}: " + " ".join(f"word{j}" for j in range(40))
 
 
-def child(url: str, state: str, n: int, max_lines: int, poll: float) -> None:
-    """The measured client: one ``batch_chat_completion`` of ``n`` conversations; prints JSON."""
-    import sqlite3
-
+def child(mode: str, url: str, state: str, n: int, max_lines: int, poll: float) -> None:
+    """The measured client: one ``batch_chat_completion`` of ``n`` conversations, through the
+    Batch API at ``url`` (``mode`` ``batch-api``) or straight at the stub (``direct``, the
+    remote fan-out with 256 in flight); prints JSON figures."""
     import anyio
     import psutil
 
-    from batchclient import BatchAPIBatchInference, SamplingParams
+    from batchclient import BatchAPIBatchInference, BatchClient, RemoteBatchInference
 
     peak = [0]
 
@@ -59,50 +63,60 @@ def child(url: str, state: str, n: int, max_lines: int, poll: float) -> None:
             time.sleep(0.01)
 
     threading.Thread(target=sample, daemon=True).start()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"baseline_rss_mib": psutil.Process().memory_info().rss / 2**20}
+    client: BatchClient
+    if mode == "batch-api":
+        client = BatchAPIBatchInference(
+            url, poll_interval=poll, max_lines=max_lines, state_dir=state
+        )
+    else:
+        client = RemoteBatchInference(url, max_concurrency=256, state_dir=state)
 
     async def run() -> None:
+        from batchclient import SamplingParams
+
         messages = [[{"role": "user", "content": prompt(i)}] for i in range(n)]
-        parts = -(-n // max_lines)
-        async with BatchAPIBatchInference(
-            url, poll_interval=poll, max_lines=max_lines, state_dir=state
-        ) as c:
-            db = sqlite3.connect(c.state_dir / "batchclient.sqlite3", check_same_thread=False)
+        async with client as c:
             started = time.perf_counter()
-
-            async def watch() -> None:
-                while True:
-                    (created,) = db.execute(
-                        "SELECT count(*) FROM remote_parts WHERE batch_id IS NOT NULL"
-                    ).fetchone()
-                    if created >= parts:
-                        out["write_upload_s"] = time.perf_counter() - started
-                        out["write_upload_peak_rss_mib"] = peak[0] / 2**20
-                        return
-                    await anyio.sleep(0.005)
-
             async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
+                if mode == "batch-api":
+                    tg.start_soon(watch_submission, c.state_dir, -(-n // max_lines), started, out)
                 result = await c.batch_chat_completion(
                     "smollm2", messages, sampling_params=SamplingParams(max_tokens=16)
                 )
+                tg.cancel_scope.cancel()
             out["total_s"] = time.perf_counter() - started
             out["total_peak_rss_mib"] = peak[0] / 2**20
             out["failed"] = len(result.errors)
-            db.close()
+            if "write_upload_s" in out:
+                out["write_upload_peak_rss_mib"] = out.pop("_peak")
+
+    async def watch_submission(
+        state_dir: Path, parts: int, started: float, into: dict[str, Any]
+    ) -> None:
+        """Record when every remote batch of the call has its id in the state directory."""
+        import sqlite3
+
+        import anyio
+
+        path = state_dir / "batchclient.sqlite3"
+        while True:
+            created = 0
+            if path.exists():
+                with (
+                    sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db,
+                    contextlib.suppress(sqlite3.OperationalError),  # table not made yet
+                ):
+                    sql = "SELECT count(*) FROM remote_parts WHERE batch_id IS NOT NULL"
+                    (created,) = db.execute(sql).fetchone()
+            if created >= parts:
+                into["write_upload_s"] = time.perf_counter() - started
+                into["_peak"] = peak[0] / 2**20
+                return
+            await anyio.sleep(0.005)
 
     anyio.run(run)
     print(json.dumps(out))
-
-
-SERVER = r"""
-import sys, uvicorn
-from batchclient import RemoteProvider
-from batchclient.server import create_app
-stub, state, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-app = create_app(RemoteProvider(stub, max_concurrency=256), state_dir=state)
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-"""
 
 
 def wait_ready(url: str, timeout: float = 60.0) -> None:
@@ -145,8 +159,18 @@ def write_input(path: Path, n: int) -> None:
 
 def timed(cmd: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
+
+
+def measure(args: argparse.Namespace, mode: str, url: str, state: Path) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", mode, url, str(state), "-n", str(args.n)]
+    cmd += ["--max-lines", str(args.max_lines), "--poll-interval", str(args.poll_interval)]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the measured client failed:\n{done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def main() -> None:
@@ -155,42 +179,45 @@ def main() -> None:
     p.add_argument("--max-lines", type=int, default=50_000, help="split limit (default 50000)")
     p.add_argument("--poll-interval", type=float, default=0.25, help="seconds (default 0.25)")
     p.add_argument("--out", type=Path, default=Path("bench/results/batch_api_overhead.json"))
-    p.add_argument("--child", nargs=2, metavar=("URL", "STATE"), help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=3, metavar=("MODE", "URL", "STATE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], args.n, args.max_lines, args.poll_interval)
+        mode, url, state = args.child
+        child(mode, url, state, args.n, args.max_lines, args.poll_interval)
         return
     py = sys.executable
+    figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp, StubProcess() as stub:
         tmpdir = Path(tmp)
         port = free_port()
         serve_url = f"http://127.0.0.1:{port}/v1"
-        server = subprocess.Popen([py, "-c", SERVER, stub.url, str(tmpdir / "server"), str(port)])
+        server = subprocess.Popen(
+            [py, "-m", "batchclient.cli", "serve", "--provider", "remote", "--base-url", stub.url,
+             "--max-concurrency", "256", "--port", str(port), "--log-level", "warning",
+             "--state-dir", str(tmpdir / "server")]
+        )  # fmt: skip
         try:
             wait_ready(serve_url)
-            measured = subprocess.run(
-                [py, __file__, "--child", serve_url, str(tmpdir / "client"), "-n", str(args.n),
-                 "--max-lines", str(args.max_lines), "--poll-interval", str(args.poll_interval)],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            figures: dict[str, Any] = json.loads(measured.stdout.strip().splitlines()[-1])
+            figures["call_batch_api"] = measure(args, "batch-api", serve_url, tmpdir / "c1")
+            figures["call_direct"] = measure(args, "direct", stub.url, tmpdir / "c2")
             inp = tmpdir / "in.jsonl"
             write_input(inp, args.n)
             cli = [py, "-m", "batchclient.cli", "run", str(inp), "--no-progress"]
             figures["run_batch_api_s"] = timed(
                 [*cli, "-o", str(tmpdir / "o1.jsonl"), "--provider", "batch-api",
                  "--base-url", serve_url, "--poll-interval", str(args.poll_interval),
-                 "--max-lines", str(args.max_lines), "--state-dir", str(tmpdir / "cli1")]
+                 "--max-lines", str(args.max_lines), "--state-dir", str(tmpdir / "r1")]
             )  # fmt: skip
             figures["run_direct_s"] = timed(
                 [*cli, "-o", str(tmpdir / "o2.jsonl"), "--provider", "remote",
                  "--base-url", stub.url, "--max-concurrency", "256",
-                 "--state-dir", str(tmpdir / "cli2")]
+                 "--state-dir", str(tmpdir / "r2")]
             )  # fmt: skip
         finally:
             server.terminate()
             server.wait(30)
-    figures["total_over_run_direct"] = figures["total_s"] / figures["run_direct_s"]
+    call, direct = figures["call_batch_api"], figures["call_direct"]
+    figures["call_total_over_direct"] = call["total_s"] / direct["total_s"]
     figures["run_batch_api_over_run_direct"] = figures["run_batch_api_s"] / figures["run_direct_s"]
     report = {
         "n": args.n,
