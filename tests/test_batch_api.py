@@ -331,3 +331,25 @@ async def test_the_provider_alone_runs_each_request_as_a_one_line_batch(tmp_path
     error = result.batch[1].error
     assert error is not None and error.status_code == 400
     assert stub.stats.creates == 2 and sorted(len(b.lines) for b in stub.batches.values()) == [1, 1]
+
+
+async def test_an_abandoned_call_is_found_again_even_without_its_call_record(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    import anyio
+
+    prompts = convo([f"z{i}" for i in range(10)])
+    with BatchAPIStub(line_delay_s=0.03) as stub:
+        async with client(stub, tmp_path) as c, anyio.create_task_group() as tg:
+            tg.start_soon(c.batch_chat_completion, "smollm2", prompts)
+            await until(lambda: stub.stats.polls >= 1)
+            tg.cancel_scope.cancel()  # the caller gives up while the batch runs
+        assert stub.stats.creates == 1
+        with sqlite3.connect(tmp_path / "batchclient.sqlite3") as db:  # as if it died unrecorded
+            db.execute("DELETE FROM remote_calls")
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_chat_completion("smollm2", prompts)
+    assert texts(result) == [f"echo: z{i}" for i in range(10)]
+    assert stub.stats.creates == 1

@@ -210,10 +210,17 @@ class BatchAPIBatchInference(BatchClient):
             f"{sha}\n{identity}\n{endpoint}\n{self.completion_window}".encode()
         ).hexdigest()[:40]
         previous = await to_thread.run_sync(store.call_job, key)
-        if previous is not None and not previous["delivered"]:
-            job = await manager.info(previous["job_id"])
+        earlier: str | None = None
+        if previous is None:  # died between creating its job and recording it: find the job
+            jobs = await manager.list()
+            earlier = next((j.id for j in jobs if (j.metadata or {}).get(CALL_MARK) == key), None)
+        elif not previous["delivered"]:
+            earlier = previous["job_id"]
+        if earlier is not None:
+            job = await manager.info(earlier)
             if job.status != "failed":  # re-attach: the file is already there
                 await to_thread.run_sync(store.delete_file, file_id)
+                await to_thread.run_sync(lambda: store.set_call(key, job.id))
                 return job.id, key
         batch = await manager.schedule(
             file_id,
