@@ -15,6 +15,7 @@ retried with exponential backoff, or after the server's ``Retry-After``; other a
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -309,6 +310,8 @@ class BatchAPI:
 
         async def read(resp: aiohttp.ClientResponse) -> int:
             size = 0
+            # created 0600 first (answers are as private as prompts); "wb" keeps the mode
+            await anyio.to_thread.run_sync(lambda: os.close(os.open(dest, os.O_CREAT, 0o600)))
             async with await anyio.open_file(dest, "wb") as out:
                 async for chunk in resp.content.iter_chunked(_CHUNK):
                     await out.write(chunk)

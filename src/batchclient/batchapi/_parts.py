@@ -15,6 +15,7 @@ offset in memory.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,6 +69,11 @@ class Limits:
     max_bytes: int
 
 
+def private_file(path: Path) -> IO[bytes]:
+    """Open ``path`` for writing, readable by this user only (mode 0600): it holds prompts."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+
+
 def batch_line(custom_id: str, endpoint: str, body: dict[str, Any]) -> bytes:
     """One line of an OpenAI batch input file."""
     line = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body}
@@ -118,7 +124,7 @@ def write_part(
     lines = size = 0
     last = lo - 1
     too_big: list[ResultRow] = []
-    with path.open("wb") as out:
+    with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
                 data = batch_line(line.custom_id, endpoint, line.body)
@@ -160,7 +166,7 @@ def rewrite_part(
 ) -> int:
     """Write a part's file again (after a crash before its upload); the number of lines."""
     n = 0
-    with path.open("wb") as out:
+    with private_file(path) as out:
         for line in part_lines(store, job_id, input_path, part):
             out.write(batch_line(line.custom_id, endpoint, line.body))
             n += 1
