@@ -1,18 +1,21 @@
 """``create_app`` inside other code: over a client that is already open (served as it is, left
-open), and mounted in another ASGI application (its lifespan entered by the parent's)."""
+open), mounted in another ASGI application (its lifespan entered by the parent's), and over a
+provider of one's own whose bugs become 500s in OpenAI's envelope."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import httpx
 import openai
 import pytest
 from fastapi import FastAPI
 
-from batchclient import BatchClient, RemoteProvider
+from batchclient import BatchClient, Provider, RemoteProvider, Request, Result
 from batchclient.server import create_app
 from batchclient.testing import AppServer, StubServer
 from server_util import KEY_A, batch_file
@@ -65,3 +68,54 @@ async def test_mounted_in_another_app(stub: StubServer, tmp_path: Path) -> None:
         async with httpx.AsyncClient(base_url=url) as plain:
             assert (await plain.get("/health")).json() == {"status": "ok"}
             assert (await plain.get("/batch/v1/files")).status_code == 401
+
+
+class Flaky(Provider):
+    """A provider of one's own with bugs: ``execute`` raises on "boom", ``models`` always."""
+
+    async def execute(self, request: Request) -> Result:
+        text = request.body["messages"][-1]["content"]
+        if text == "boom":
+            raise RuntimeError("a bug in the provider")
+        return Result(status_code=200, body={
+            "id": f"echo-{request.index}", "object": "chat.completion", "created": 0,
+            "model": "echo", "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": text}}],
+        })  # fmt: skip
+
+    async def models(self) -> list[str]:
+        raise RuntimeError("cannot list")
+
+
+async def test_any_provider_and_its_bugs_are_500_envelopes(tmp_path: Path) -> None:
+    async with AppServer(create_app(Flaky(), state_dir=tmp_path)) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        answer = await sdk.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content == "hi"
+        with pytest.raises(openai.InternalServerError) as bug:
+            await sdk.chat.completions.create(
+                model="echo", messages=[{"role": "user", "content": "boom"}]
+            )
+        assert bug.value.code == "internal_error" and "a bug in the provider" in bug.value.message
+        async with httpx.AsyncClient(base_url=url) as plain:
+            listed = await plain.get("/v1/models")
+        assert listed.status_code == 500 and "Traceback" not in listed.text
+        assert listed.json()["error"]["code"] == "internal_error"
+        data = b"".join(
+            json.dumps({"custom_id": t, "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"model": "echo", "messages": [{"role": "user", "content": t}]}}
+                       ).encode() + b"\n" for t in ("hi", "boom")
+        )  # fmt: skip
+        upload = await sdk.files.create(file=("in.jsonl", data), purpose="batch")
+        batch = await sdk.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        with anyio.fail_after(30):
+            while (batch := await sdk.batches.retrieve(batch.id)).status != "completed":
+                await anyio.sleep(0.05)
+        assert batch.error_file_id is not None
+        (error,) = (await sdk.files.content(batch.error_file_id)).text.splitlines()
+        assert json.loads(error)["error"]["code"] == "internal_error"
+        await sdk.close()

@@ -85,6 +85,7 @@ def add_provider_arguments(
     p.add_argument(
         api_key_flag,
         dest="upstream_api_key",
+        metavar="KEY",
         default=os.environ.get("OPENAI_API_KEY"),
         help="remote, batch-api: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )

@@ -5,7 +5,7 @@ forbids the call, 413 too large, 422 an idempotency key reused with another body
 Every failure a request can cause ends here: :class:`APIError` raised by the routes,
 FastAPI's validation errors (query parameters; 422 there, 400 here, as OpenAI answers),
 Starlette's 404 / 405, batchclient's own exceptions, and anything unexpected (500, logged with
-its traceback on the server; the client gets the envelope, never a traceback).
+its traceback in the server's log; the client gets the envelope, never a traceback).
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def install_handlers(app: FastAPI) -> None:
         return error_response(400, str(exc))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        # the ASGI server logs the traceback too: Starlette re-raises after this answer
+        logger.error("internal error on %s %s: %r", request.method, request.url.path, exc)
         return error_response(
             500, "internal server error (see the server log)", type="server_error",
             code="internal_error",

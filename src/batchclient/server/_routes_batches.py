@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from .._core.client import BatchClient
+from ..errors import JobNotFoundError
 from ..jobs import parse_window
 from ..types import Batch
 from ._body import read_model
@@ -120,6 +121,6 @@ async def list_batches(
     batches = tenant_of(request).client.batches
     try:
         items = await batches.list(limit=limit + 1, after=after)
-    except KeyError:  # JobNotFoundError: an unknown cursor
+    except JobNotFoundError:  # an unknown cursor (or another tenant's)
         raise APIError(400, f"after: no batch {after!r}", param="after") from None
     return JSONResponse(page(items[:limit], has_more=len(items) > limit))
