@@ -96,6 +96,10 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
     async with client(serve, tmp_path, max_lines=4) as c:
         result = await c.batch_chat_completion("smollm2", convo([f"m{i}" for i in range(10)]))
         batches = await remote_batches(serve)
+        for b in batches:  # what a client that lost a create's answer looks for, it finds
+            marks = {k: b["metadata"][k] for k in ("batchclient_job", "batchclient_part")}
+            found = await c.provider.api.find(b["input_file_id"], marks)
+            assert found is not None and found.id == b["id"]
     assert [i.completion_message.content for i in result.batch if i.completion_message] == [
         f"echo: m{i}" for i in range(10)
     ]
