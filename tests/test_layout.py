@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_core.client", 8),
     ("remote", 9),
     ("inline", 9),
+    ("batchapi", 9),
     ("server", 10),  # over any provider and the jobs; no provider of its own
     ("testing", 11),
     ("distributed", 11),

@@ -5,6 +5,8 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
 - :class:`RemoteBatchInference`: concurrency-limited fan-out to OpenAI-compatible endpoints;
 - :class:`VLLMBatchInference`: a vLLM engine driven in-process (the engine batches everything);
 - :class:`RayBatchInference`: vLLM engines as Ray actors, dispatched as remote replicas are;
+- :class:`BatchAPIBatchInference`: a remote OpenAI Batch API (``/v1/files`` + ``/v1/batches``:
+  OpenAI's discounted batches, or another ``batchclient serve``), durable and resumable;
 - :class:`BatchClient`: the same protocol over a provider of your own.
 
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
@@ -36,6 +38,10 @@ from ._core.tokens import (
     TokenizerInfo,
 )
 from ._version import __version__
+from .batchapi import (
+    BatchAPIBatchInference,
+    BatchAPIProvider,
+)
 from .distributed import (
     RayBatchInference,
     RayProvider,
@@ -131,6 +137,8 @@ from .types import (
 __all__ = [
     "AdaptiveConcurrency",
     "Batch",
+    "BatchAPIBatchInference",
+    "BatchAPIProvider",
     "BatchChatCompletionResponse",
     "BatchClient",
     "BatchClientError",

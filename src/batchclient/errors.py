@@ -68,7 +68,9 @@ class ErrorCode(StrEnum):
     invalid_tool_call = "invalid_tool_call"  # tool call arguments do not match the tool's schema
     batch_cancelled = "batch_cancelled"  # job cancelled before this request finished
     batch_expired = "batch_expired"  # job's completion window passed first
-    batch_failed = "batch_failed"  # the job failed (see its errors) before this request finished
+    # the job failed as a whole (see its errors; on a remote Batch API: the remote batch that
+    # held this request failed) before this request finished
+    batch_failed = "batch_failed"
     # Job-level failures after validation (``Batch.errors``); the job can be resumed.
     output_write_failed = "output_write_failed"  # the output or error file could not be written
     storage_error = "storage_error"  # the state directory failed under the job (disk full, ...)

@@ -17,7 +17,7 @@ from typing import Any, Self, TypeVar, Unpack
 
 from ..cache import number_repeats
 from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
-from ..jobs import Batches, Files, JobManager, default_state_dir, estimate_file
+from ..jobs import Batches, Files, JobManager, JobRunner, default_state_dir, estimate_file
 from ..types import (
     BatchChatCompletionResponse,
     BatchCompletionResponse,
@@ -119,7 +119,12 @@ class BatchClient:
     async def __aenter__(self) -> Self:
         await self.provider.start()
         try:
-            manager = JobManager(self._state_dir, provider=self.provider, cache=self.cache)
+            manager = JobManager(
+                self._state_dir,
+                provider=self.provider,
+                cache=self.cache,
+                runner=self._job_runner(),
+            )
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
             await self.provider.stop()
@@ -139,6 +144,11 @@ class BatchClient:
                 await manager.__aexit__(None, None, None)  # pauses running batches
         finally:
             await self.provider.stop()
+
+    def _job_runner(self) -> JobRunner | None:
+        """How this client's jobs run; None: through ``provider.execute`` (a client whose
+        requests go elsewhere, such as a remote Batch API, returns its own)."""
+        return None
 
     def _manager(self) -> JobManager:
         if self._jobs is None:

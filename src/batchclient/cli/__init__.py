@@ -8,6 +8,7 @@ manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
                   | --provider ray [--replicas N] [--ray-address A] [--model M]
                                    [--replica-resource KEY=VALUE ...] [--engine-arg ...]
+                  | --provider batch-api --base-url URL [--poll-interval S] [--max-lines N]
     batchclient serve [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
                     --provider remote --base-url URL | --provider vllm [--model M]
     batchclient run INPUT.jsonl ... [--cache] | --dry-run [--tokenizer DIR] [--price-input USD]

@@ -66,7 +66,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write failed lines here (default: every line goes to --output, as vllm run-batch)",
     )
-    add_provider_arguments(p, api_key_flag="--api-key")
+    add_provider_arguments(p, api_key_flag="--api-key", batch_api=True)
     p.add_argument(
         "--completion-window",
         default="24h",
@@ -103,19 +103,55 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_provider_arguments(p: argparse.ArgumentParser, *, api_key_flag: str = "--api-key") -> None:
+def add_provider_arguments(
+    p: argparse.ArgumentParser, *, api_key_flag: str, batch_api: bool = False
+) -> None:
     """The options that choose and configure a provider (``run`` and ``serve`` share them;
     :func:`make_provider` builds it); ``api_key_flag`` names the option of
-    the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys)."""
-    p.add_argument("--provider", choices=("remote", "vllm", "ray"), default="remote")
-    p.add_argument("--base-url", help="remote: API root ending in /v1")
+    the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys). ``batch_api``
+    adds ``--provider batch-api`` and its options (``run`` only: a remote Batch API runs whole
+    files, not the one request at a time a server in front of it would send)."""
+    choices = ("remote", "vllm", "ray", "batch-api") if batch_api else ("remote", "vllm", "ray")
+    p.add_argument(
+        "--provider",
+        choices=choices,
+        default="remote",
+        help="remote: live fan-out to an OpenAI-compatible server; vllm: an engine in this "
+        "process; ray: engine replicas as Ray actors"
+        + (
+            "; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
+            "discounted batches, or a `batchclient serve`)"
+            if batch_api
+            else ""
+        ),
+    )
+    p.add_argument("--base-url", help="remote, batch-api: API root ending in /v1")
     p.add_argument(
         api_key_flag,
         dest="upstream_api_key",
         metavar="KEY",
         default=os.environ.get("OPENAI_API_KEY"),
-        help="remote: bearer token sent to --base-url (default $OPENAI_API_KEY)",
+        help="remote, batch-api: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )
+    if batch_api:
+        p.add_argument(
+            "--poll-interval",
+            type=float,
+            default=10.0,
+            help="batch-api: seconds between two polls of a remote batch (default 10)",
+        )
+        p.add_argument(
+            "--max-lines",
+            type=int,
+            default=50_000,
+            help="batch-api: most requests in one remote batch; more are split (default 50000)",
+        )
+        p.add_argument(
+            "--max-bytes",
+            type=int,
+            default=200 * 1024 * 1024,
+            help="batch-api: largest remote input file in bytes (default 200 MiB)",
+        )
     p.add_argument(
         "--max-concurrency",
         type=int,
@@ -195,15 +231,6 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace) -> BatchClient:
-    """The client ``run`` uses: :func:`make_provider` with the ``--state-dir`` and ``--cache``."""
-    return BatchClient(
-        make_provider(args),
-        state_dir=getattr(args, "state_dir", None),
-        cache=getattr(args, "cache", False),
-    )
-
-
 def make_provider(args: argparse.Namespace) -> Provider:
     """The provider the options of :func:`add_provider_arguments` describe (not started).
     Raises ``ConfigurationError`` for options that do not fit together."""
@@ -252,6 +279,35 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
+
+
+def make_client(args: argparse.Namespace) -> BatchClient:
+    """The client ``run`` uses: :func:`make_provider` with the ``--state-dir`` and ``--cache``
+    (``batch-api``: :class:`~batchclient.BatchAPIBatchInference`, which runs whole jobs)."""
+    state_dir = getattr(args, "state_dir", None)
+    if args.provider == "batch-api":
+        if not args.base_url:
+            raise ConfigurationError("--provider batch-api needs --base-url")
+        if getattr(args, "cache", False):
+            raise ConfigurationError(
+                "--cache is not available with --provider batch-api (running the same command "
+                "again re-attaches to its remote batches instead)"
+            )
+        from ..batchapi import BatchAPIBatchInference
+
+        return BatchAPIBatchInference(
+            args.base_url,
+            args.upstream_api_key,
+            poll_interval=args.poll_interval,
+            max_lines=args.max_lines,
+            max_bytes=args.max_bytes,
+            completion_window=args.completion_window,
+            timeout=args.timeout,
+            state_dir=state_dir,
+        )
+    return BatchClient(
+        make_provider(args), state_dir=state_dir, cache=getattr(args, "cache", False)
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ directory without running jobs (the ``batchclient jobs`` commands):
 from ._estimate import describe, estimate_file
 from ._files import Files, StagedFile
 from ._manager import Batches, JobManager
-from ._runner import WriteRetry, parse_window
+from ._runner import JobRunner, RunningJob, WriteRetry, parse_window
 from ._store import default_state_dir
 from ._validate import ValidationReport, validate_batch_file
 
@@ -21,6 +21,8 @@ __all__ = [
     "Batches",
     "Files",
     "JobManager",
+    "JobRunner",
+    "RunningJob",
     "StagedFile",
     "ValidationReport",
     "WriteRetry",

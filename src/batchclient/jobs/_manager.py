@@ -60,7 +60,7 @@ from ..types import (
 from ._files import Files
 from ._output import iter_output_lines, response_for, write_lines
 from ._recovery import failure_of, late_result, reopen
-from ._runner import RunningJob, finalize, parse_window, run_job
+from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
 from ._store import ACTIVE, DB_NAME, Store, default_state_dir, now
 
 LEASE_S = 10.0
@@ -90,7 +90,9 @@ class JobManager:
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
     provider identity matches on entry); without one it can only inspect, cancel and export.
     ``files`` and ``batches`` are the same calls as a client's. ``cache``: batches created here
-    use the result cache unless they say otherwise (``batches.create(..., cache=False)``)."""
+    use the result cache unless they say otherwise (``batches.create(..., cache=False)``).
+    ``runner`` replaces how a job runs (default: :func:`run_job` over the provider's
+    ``execute``, behind the result cache when the batch uses it)."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class JobManager:
         *,
         provider: Provider | None = None,
         cache: bool = False,
+        runner: JobRunner | None = None,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
@@ -107,6 +110,7 @@ class JobManager:
         self._result_cache: ResultCache | None = None
         self._cached: CachedProvider | None = None
         self._failures: dict[str, BatchError] = {}
+        self._runner = runner
         self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._store: Store | None = None
@@ -229,10 +233,13 @@ class JobManager:
         assert self._store is not None and self._provider is not None
         store = self._store
         try:
-            row = await to_thread.run_sync(store.job_row, running.job_id)
-            cached = bool(self.cache if row["cache"] is None else row["cache"])
-            provider = await self.cached_provider() if cached else self._provider
-            await run_job(store, provider, running)
+            if self._runner is not None:
+                await self._runner(store, running)
+            else:
+                row = await to_thread.run_sync(store.job_row, running.job_id)
+                cached = bool(self.cache if row["cache"] is None else row["cache"])
+                provider = await self.cached_provider() if cached else self._provider
+                await run_job(store, provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client

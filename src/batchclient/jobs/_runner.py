@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -177,6 +177,12 @@ class GroupCommit:
         self._commit()
 
 
+JobRunner = Callable[[Store, RunningJob], Awaitable[None]]
+"""Runs (or resumes) one job to a terminal state, like :func:`run_job` (which runs it through a
+provider's ``execute``); a client whose requests go elsewhere, such as a remote Batch API, gives
+the job manager its own."""
+
+
 def parse_window(window: str) -> float:
     """Seconds in a completion window: ``"24h"``, ``"30m"``, ``"5s"``, ``"2d"`` (a number and
     a unit; OpenAI accepts only ``"24h"``). Raises ``ValueError`` otherwise."""
@@ -204,10 +210,10 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
     remaining = float(row["expires_at"] or 0) - time.time()
     running.scope.deadline = anyio.current_time() + remaining
     with running.scope:
-        if row["status"] == "validating" and not await _validate(store, provider, job_id):
+        if row["status"] == "validating" and not await validate_job(store, provider, job_id):
             return
         if row["status"] in ("validating", "in_progress"):
-            await _process(store, provider, job_id, row)
+            await run_unfinished(store, provider, job_id, row)
     row = await to_thread.run_sync(store.job_row, job_id)
     if running.cancel_requested or row["status"] == "cancelling":
         await finalize(store, job_id, "cancelled")
@@ -217,7 +223,10 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
         await finalize(store, job_id, "completed")
 
 
-async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
+async def validate_job(store: Store, provider: Provider, job_id: str) -> bool:
+    """Validate a ``validating`` job's input file (and its model, with ``provider``); move it to
+    ``in_progress`` (seeded from ``reuse_results_from``) or to ``failed`` with the errors.
+    Returns whether it may run."""
     row = await to_thread.run_sync(store.job_row, job_id)
     path = store.file_path(row["input_file_id"])
     await to_thread.run_sync(store.delete_results, job_id)  # a restarted validation starts clean
@@ -273,7 +282,9 @@ async def _validate(store: Store, provider: Provider, job_id: str) -> bool:
     return True
 
 
-async def _process(store: Store, provider: Provider, job_id: str, row: Any) -> None:
+async def run_unfinished(store: Store, provider: Provider, job_id: str, row: Any) -> None:
+    """Run every request of the job (``row``: its jobs row) that has no result yet through
+    ``provider.execute``, committing each result before its worker takes the next request."""
     await to_thread.run_sync(_answer_merged_lines, store, job_id)
     path = store.file_path(row["input_file_id"])
     source = RequestSource(store, job_id, path, Endpoint(row["endpoint"]))

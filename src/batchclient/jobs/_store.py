@@ -7,9 +7,13 @@ record, the provider identity that may resume it, and a lease: ``owner`` + ``hea
 the output or error file it becomes, serialised once when it is committed, so that writing the
 files at the end only concatenates text) and ``job_lines`` (the lines of a job that are not sent
 as they are: ``same_as`` an identical greedy line earlier in the file, whose answer they get, or
-a ``repeat`` index > 0 for the k-th identical sampled line). The result cache keeps its own
-table in the same database (:mod:`batchclient.cache`). Columns added since the first release
-are added to older databases when they are opened.
+a ``repeat`` index > 0 for the k-th identical sampled line). Jobs run on a remote Batch API
+(``batchclient.batchapi``) also use ``remote_parts`` (each remote batch a job owns: its range of
+input lines, remote file and batch ids, last seen status and request counts) and
+``remote_calls`` (the job behind each call, by content key, so a repeated call re-attaches). The
+result cache keeps its own table in the same database (:mod:`batchclient.cache`). Tables are
+created with ``IF NOT EXISTS`` and columns added since the first release are added to older
+databases when they are opened.
 
 Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
 process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
@@ -75,6 +79,14 @@ CREATE TABLE IF NOT EXISTS job_lines(
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, custom_id TEXT NOT NULL, same_as INTEGER,
     repeat INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS job_lines_same_as ON job_lines(job_id, same_as);
+CREATE TABLE IF NOT EXISTS remote_parts(
+    job_id TEXT NOT NULL, part INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+    count INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
+    input_file_id TEXT, batch_id TEXT, remote_status TEXT,
+    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(job_id, part));
+CREATE TABLE IF NOT EXISTS remote_calls(
+    call_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);
 """
 _ADDED_COLUMNS = {
     "jobs": ("cache INTEGER", "cache_hits INTEGER NOT NULL DEFAULT 0"),
@@ -441,6 +453,36 @@ class Store:
             (job_id,),
         )
         return [(int(r["seq"]), str(r["custom_id"]), int(r["same_as"])) for r in rows]
+
+    # ------------------------------------------------------------------ remote batches
+
+    def add_part(self, job_id: str, part: int, first_seq: int, count: int, attempt: int) -> None:
+        """Record a planned remote batch covering input lines ``first_seq .. +count``."""
+        self._write(
+            "INSERT INTO remote_parts (job_id, part, first_seq, count, attempt, state) "
+            "VALUES (?, ?, ?, ?, ?, 'planned')",
+            (job_id, part, first_seq, count, attempt),
+        )
+
+    def update_part(self, job_id: str, part: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._write(
+            f"UPDATE remote_parts SET {sets} WHERE job_id = ? AND part = ?",
+            [*fields.values(), job_id, part],
+        )
+
+    def parts(self, job_id: str) -> list[sqlite3.Row]:
+        """The job's remote batches, in part order."""
+        return self._all("SELECT * FROM remote_parts WHERE job_id = ? ORDER BY part", (job_id,))
+
+    def call_job(self, call_key: str) -> sqlite3.Row | None:
+        return self._one("SELECT * FROM remote_calls WHERE call_key = ?", (call_key,))
+
+    def set_call(self, call_key: str, job_id: str, *, delivered: bool = False) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO remote_calls VALUES (?, ?, ?)",
+            (call_key, job_id, int(delivered)),
+        )
 
 
 class _Transaction:

@@ -7,6 +7,9 @@
   bursts, connection resets and malformed bodies on demand, in a background thread;
   :class:`StubProcess` runs it as its own process (``python -m batchclient.testing stub
   --help``).
+- :class:`BatchAPIStub`: an OpenAI Batch API (``/v1/files`` + ``/v1/batches``) that runs batches
+  for real and misbehaves on demand (validation failures, expiry with partial output, 5xx / 429
+  on polling, lost create answers), in a background thread.
 - :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
   was sent twice.
 - :class:`AppServer`: an ASGI application (``batchclient.server.create_app(...)``) on a real
@@ -14,6 +17,7 @@
 """
 
 from ._app_server import AppServer
+from ._batch_stub import BatchAPIStub, BatchStubStats
 from ._process import StubProcess
 from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
@@ -21,6 +25,8 @@ from ._vllm_server import free_port, vllm_server
 
 __all__ = [
     "AppServer",
+    "BatchAPIStub",
+    "BatchStubStats",
     "CountingProxy",
     "Fault",
     "StubProcess",

@@ -1,0 +1,346 @@
+"""The Files and Batches calls of a remote OpenAI Batch API, over aiohttp.
+
+``POST /files`` (multipart, streamed from disk), ``POST /batches``, ``GET /batches/{id}``,
+``GET /batches`` (paged), ``POST /batches/{id}/cancel``, ``GET /files/{id}/content`` (streamed to
+disk) and ``GET /models`` (OpenAI API reference: Files, Batch). aiohttp rather than the openai SDK:
+every retry is ours, so a 429's ``Retry-After`` reaches the polling backoff instead of being
+absorbed by the SDK's own retries, and uploads and downloads stream through a fixed buffer
+(``docs/design.md``).
+
+Transient failures (connection errors, timeouts, 408/409/429/5xx, a malformed 2xx answer) are
+retried with exponential backoff, or after the server's ``Retry-After``; other answers raise
+:class:`ApiError` at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import anyio
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ConfigurationError
+from ..remote._retry import parse_retry_after
+from ..remote._settings import RetryPolicy
+from ..types import BatchStatus
+
+T = TypeVar("T")
+
+_TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+_CHUNK = 1024 * 1024
+
+
+class RemoteError(BaseModel):
+    """One entry of a remote batch's ``errors.data`` (validation errors; ``line`` 1-based)."""
+
+    model_config = ConfigDict(extra="ignore")
+    code: str | None = None
+    message: str | None = None
+    line: int | None = None
+    param: str | None = None
+
+
+class RemoteErrors(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    data: list[RemoteError] = []
+
+
+class RemoteCounts(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class RemoteBatch(BaseModel):
+    """The fields of a remote ``Batch`` object this client reads (others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    status: BatchStatus
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: RemoteErrors | None = None
+    request_counts: RemoteCounts | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {BatchStatus.completed, BatchStatus.failed, BatchStatus.expired, BatchStatus.cancelled}
+)
+
+
+class ApiError(Exception):
+    """A call that failed for good: ``status`` (None: no HTTP answer) and the server's message.
+    ``transient`` when retrying could have helped (what was left when retries ran out)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        transient: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
+        self.retry_after_s = retry_after_s
+
+
+def check_header_value(name: str, value: str) -> str:
+    """Refuse a header value that could split the request (CR, LF, NUL)."""
+    if any(c in value for c in "\r\n\0"):
+        raise ConfigurationError(f"{name} contains a line break or NUL")
+    return value
+
+
+class BatchAPI:
+    """One remote Batch API root (``base_url`` ends in ``/v1``). Use as ``async with``.
+
+    ``max_retries``: retries of a transient failure for uploads, creates, cancels and downloads
+    (``retrieve`` may retry without limit: a remote batch keeps running while its server has a
+    bad minute). ``timeout``: seconds without progress on one HTTP call (reading a body, or
+    connecting) before it is a transient failure.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 8,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
+        self._headers = {
+            k: check_header_value(f"header {k}", v) for k, v in (headers or {}).items()
+        }
+        if api_key:
+            self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.retry = retry
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> BatchAPI:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout, sock_read=self.timeout
+            )
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=timeout, trust_env=True
+            )
+
+    async def stop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise ConfigurationError("the Batch API client is not open")
+        return self._session
+
+    # ------------------------------------------------------------------ one call, retried
+
+    async def _once(
+        self, method: str, path: str, read: Callable[[aiohttp.ClientResponse], Awaitable[T]],
+        **kwargs: Any,
+    ) -> T:  # fmt: skip
+        try:
+            async with self._http().request(method, self.base_url + path, **kwargs) as resp:
+                if resp.status >= 300:
+                    text = (await resp.read())[:2000].decode("utf-8", "replace")
+                    wait = parse_retry_after(
+                        resp.headers.get("Retry-After"), cap_s=self.retry.retry_after_cap_s
+                    )
+                    raise ApiError(
+                        f"{method} {path}: HTTP {resp.status}: {_message(text)}",
+                        status=resp.status,
+                        transient=resp.status in _TRANSIENT,
+                        retry_after_s=wait,
+                    )
+                return await read(resp)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(
+                f"{method} {path}: {type(exc).__name__}: {exc}", transient=True
+            ) from None
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, retries: int | None = None) -> T:
+        """Run ``fn`` (one attempt), retrying transient failures ``retries`` times (None:
+        ``max_retries``; -1: without limit)."""
+        limit = self.max_retries if retries is None else retries
+        attempt = 0
+        while True:
+            try:
+                return await fn()
+            except ApiError as exc:
+                if not exc.transient or (limit >= 0 and attempt >= limit):
+                    raise
+                await anyio.sleep(self.backoff(attempt, exc.retry_after_s))
+                attempt += 1
+
+    def backoff(self, attempt: int, retry_after_s: float | None) -> float:
+        """Seconds before retry number ``attempt + 1``: the server's ``Retry-After`` when it
+        sent one, else ``backoff_initial_s`` doubling up to ``backoff_max_s``, with jitter."""
+        if retry_after_s is not None:
+            return retry_after_s
+        base = min(self.retry.backoff_initial_s * 2.0**attempt, self.retry.backoff_max_s)
+        return float(base * (1 + 0.1 * random.random()))
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        async def read(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                raise ApiError(
+                    f"{method} {path}: HTTP {resp.status} answer is not a JSON object",
+                    status=resp.status,
+                    transient=True,
+                )
+            return data
+
+        return await self._once(method, path, read, **kwargs)
+
+    async def _batch(self, method: str, path: str, **kwargs: Any) -> RemoteBatch:
+        data = await self._json(method, path, **kwargs)
+        try:
+            return RemoteBatch.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(
+                f"{method} {path}: not a Batch object: {str(exc)[:300]}", status=200, transient=True
+            ) from None
+
+    # ------------------------------------------------------------------ the calls
+
+    async def upload(self, path: Path, filename: str) -> str:
+        """Upload a batch input file (``purpose=batch``), streamed from disk; its remote id."""
+
+        async def once() -> str:
+            f = await anyio.to_thread.run_sync(path.open, "rb")
+            try:
+                form = aiohttp.FormData()
+                form.add_field("purpose", "batch")
+                form.add_field("file", f, filename=filename, content_type="application/jsonl")
+                data = await self._json("POST", "/files", data=form)
+            finally:
+                f.close()
+            if not isinstance(data.get("id"), str):
+                raise ApiError("POST /files: answer has no file id", status=200, transient=True)
+            return str(data["id"])
+
+        return await self.call(once)
+
+    async def create(
+        self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str]
+    ) -> RemoteBatch:
+        """Create a batch: one attempt (a create is not idempotent; the runner looks for the
+        batch before it tries again)."""
+        body = {
+            "input_file_id": input_file_id,
+            "endpoint": endpoint,
+            "completion_window": completion_window,
+            "metadata": metadata,
+        }
+        return await self._batch("POST", "/batches", json=body)
+
+    async def retrieve(self, batch_id: str, *, retries: int | None = None) -> RemoteBatch:
+        return await self.call(lambda: self._batch("GET", f"/batches/{batch_id}"), retries=retries)
+
+    async def cancel(self, batch_id: str) -> RemoteBatch:
+        return await self.call(lambda: self._batch("POST", f"/batches/{batch_id}/cancel"))
+
+    async def find(
+        self, input_file_id: str, metadata: dict[str, str], pages: int = 20
+    ) -> RemoteBatch | None:
+        """The newest batch over ``input_file_id`` whose metadata includes ``metadata`` (looked
+        up in at most ``pages`` pages of ``GET /batches``), or None."""
+        after: str | None = None
+        for _ in range(pages):
+            params = {"limit": "100", **({"after": after} if after else {})}
+            page = await self.call(lambda p=params: self._json("GET", "/batches", params=p))  # type: ignore[misc]
+            entries = page.get("data")
+            if not isinstance(entries, list) or not entries:
+                return None
+            for entry in entries:
+                try:
+                    batch = RemoteBatch.model_validate(entry)
+                except ValidationError:
+                    continue
+                marks = batch.metadata or {}
+                if batch.input_file_id == input_file_id and all(
+                    marks.get(k) == v for k, v in metadata.items()
+                ):
+                    return batch
+            if not page.get("has_more"):
+                return None
+            last = entries[-1]
+            after = str(last.get("id")) if isinstance(last, dict) else None
+            if not after:
+                return None
+        return None
+
+    async def download(self, file_id: str, dest: Path) -> int:
+        """Stream a file's content to ``dest`` (replaced); the number of bytes."""
+
+        async def read(resp: aiohttp.ClientResponse) -> int:
+            size = 0
+            # created 0600 first (answers are as private as prompts); "wb" keeps the mode
+            await anyio.to_thread.run_sync(lambda: os.close(os.open(dest, os.O_CREAT, 0o600)))
+            async with await anyio.open_file(dest, "wb") as out:
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    await out.write(chunk)
+                    size += len(chunk)
+            return size
+
+        return await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+
+    async def models(self) -> set[str] | None:
+        """The served model ids (``GET /models``), or None when the server cannot list them."""
+        try:
+            data = await self.call(lambda: self._json("GET", "/models"), retries=1)
+        except ApiError:
+            return None
+        entries = data.get("data")
+        if not isinstance(entries, list):
+            return None
+        return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+
+
+def _message(text: str) -> str:
+    """The ``error.message`` of an OpenAI error body, else the text itself (shortened)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])[:300]
+    if isinstance(data, dict) and data.get("detail"):
+        return str(data["detail"])[:300]
+    return text[:300]

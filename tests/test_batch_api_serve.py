@@ -1,0 +1,200 @@
+"""``BatchAPIBatchInference`` against a real ``batchclient serve`` on loopback (uvicorn serving
+``batchclient.server.create_app`` over a ``RemoteProvider`` pointed at the chat stub, through
+``batchclient.testing.AppServer``): ordered
+results, per-item errors, a split into several remote batches, a client SIGKILLed while it waits
+then re-attached with no second submission, and cancel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy
+from batchclient.testing import AppServer, Fault, StubReply, StubServer
+from jobs_util import jsonl, line, until, wait_sync
+
+server_module = pytest.importorskip("batchclient.server")
+
+KEY = "sk-serve-test-0123456789abcdef"
+FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
+REFUSED = StubReply(
+    status=400,
+    body={"error": {"message": "refused", "type": "invalid_request_error", "code": None}},
+)
+
+
+@dataclass
+class Serve:
+    url: str
+    stub: StubServer
+    state: Path
+
+    def sent(self) -> Counter[str]:
+        """How many times the stub received each prompt."""
+        return Counter(b["messages"][0]["content"] for b in self.stub.stats.bodies)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    """A real ``batchclient serve`` app (one API key) over the chat stub, on loopback."""
+    with StubServer(
+        latency_s=0.01, record_bodies=True, faults=[Fault(REFUSED, match="BAD")]
+    ) as stub:
+        # 4 in flight: the server takes a while over a batch, so a client can die waiting
+        provider = RemoteProvider(stub.url, max_concurrency=4, max_retries=0, retry=FAST)
+        app = server_module.create_app(provider, state_dir=tmp_path / "server", api_keys=[KEY])
+        with AppServer(app) as url:
+            yield Serve(url + "/v1", stub, tmp_path / "server")
+
+
+def client(serve: Serve, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
+    return BatchAPIBatchInference(
+        serve.url, KEY, poll_interval=0.05, retry=FAST, state_dir=state, **kwargs
+    )
+
+
+def convo(texts: list[str]) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": t}] for t in texts]
+
+
+async def remote_batches(serve: Serve) -> list[dict[str, Any]]:
+    """The server's batches, as the openai SDK lists them."""
+    sdk = openai.AsyncOpenAI(base_url=serve.url, api_key=KEY, max_retries=0)
+    try:
+        page = await sdk.batches.list(limit=100)
+        return [b.model_dump() for b in page.data]
+    finally:
+        await sdk.close()
+
+
+async def test_ordered_results_and_per_item_errors(serve: Serve, tmp_path: Path) -> None:
+    prompts = [f"s{i}" + (" BAD" if i in (1, 4) else "") for i in range(6)]
+    async with client(serve, tmp_path) as c:
+        result = await c.batch_chat_completion("smollm2", convo(prompts))
+    for i, item in enumerate(result.batch):
+        if i in (1, 4):
+            assert item.error is not None and item.error.status_code == 400
+            assert item.error.code == "invalid_request"
+        else:
+            assert item.completion_message is not None
+            assert item.completion_message.content == f"echo: s{i}"
+    assert all(n == 1 for n in serve.sent().values()) and len(serve.sent()) == 6
+
+
+async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -> None:
+    async with client(serve, tmp_path, max_lines=4) as c:
+        result = await c.batch_chat_completion("smollm2", convo([f"m{i}" for i in range(10)]))
+        batches = await remote_batches(serve)
+        for b in batches:  # what a client that lost a create's answer looks for, it finds
+            marks = {k: b["metadata"][k] for k in ("batchclient_job", "batchclient_part")}
+            found = await c.provider.api.find(b["input_file_id"], marks)
+            assert found is not None and found.id == b["id"]
+    assert [i.completion_message.content for i in result.batch if i.completion_message] == [
+        f"echo: m{i}" for i in range(10)
+    ]
+    assert len(batches) == 3
+    assert sorted(b["request_counts"]["total"] for b in batches) == [2, 4, 4]
+    assert all(b["status"] == "completed" for b in batches)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, anyio
+    from batchclient import BatchAPIBatchInference
+
+    async def main() -> None:
+        url, key, state = sys.argv[1], sys.argv[2], sys.argv[3]
+        async with BatchAPIBatchInference(url, key, poll_interval=0.05, state_dir=state) as c:
+            msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(40)]
+            await c.batch_chat_completion("smollm2", msgs)
+        print("finished", flush=True)
+
+    anyio.run(main)
+    """
+)
+
+
+def remote_ids(state: Path) -> int:
+    import sqlite3
+
+    db = state / "batchclient.sqlite3"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        try:
+            row = conn.execute("SELECT count(batch_id) FROM remote_parts").fetchone()
+        except sqlite3.OperationalError:
+            return 0
+    return int(row[0])
+
+
+def kill_once_submitted(serve: Serve, state: Path) -> None:
+    """Run the call in a child and SIGKILL it once its remote batch id is stored."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, serve.url, KEY, str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_sync(lambda: remote_ids(state) or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+async def test_killed_client_reattaches_without_a_second_submission(
+    serve: Serve, tmp_path: Path
+) -> None:
+    serve.stub.latency_s = 0.1  # the server runs 40 lines for a while
+    kill_once_submitted(serve, tmp_path)
+    running = await remote_batches(serve)
+    assert [b["status"] for b in running] in (["validating"], ["in_progress"])  # died waiting
+    serve.stub.latency_s = 0.0
+    async with client(serve, tmp_path) as c:
+        result = await c.batch_chat_completion("smollm2", convo([f"k{i}" for i in range(40)]))
+        batches = await remote_batches(serve)
+    assert [i.completion_message.content for i in result.batch if i.completion_message] == [
+        f"echo: k{i}" for i in range(40)
+    ]
+    assert len(batches) == 1  # re-attached: never submitted twice
+    sent = serve.sent()
+    assert len(sent) == 40 and max(sent.values()) == 1
+
+
+async def test_cancel_cancels_on_the_server_and_keeps_what_finished(
+    serve: Serve, tmp_path: Path
+) -> None:
+    serve.stub.latency_s = 0.05
+    async with client(serve, tmp_path / "c") as c:
+        record = await c.files.create(
+            jsonl([line(f"r{i}", f"n{i}") for i in range(200)]), filename="in.jsonl"
+        )
+        job = await c.schedule_batch(record.id)
+
+        async def some_done() -> bool:
+            return (await c.batches.retrieve(job.job_id)).request_counts.completed >= 3
+
+        await until(some_done, within=60)
+        await c.job_cancel(job.job_id)
+        info = await c.batches.retrieve(job.job_id)
+        result = await c.job_result(job.job_id)
+        batches = await remote_batches(serve)
+    assert info.status == "cancelled"
+    assert [b["status"] for b in batches] == ["cancelled"]
+    done = [i for i in result.batch if i.error is None]
+    assert 3 <= len(done) < 200
+    assert all(i.error.code == "batch_cancelled" for i in result.batch if i.error)
