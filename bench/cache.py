@@ -9,11 +9,11 @@
    and peak RSS of the process, with the estimate and with the bundled model's tokenizer.
 
 Targets: the stub in its own process (50 ms per answer, as ``bench/jobs_throughput.py``), and
-with ``--real`` also the real vLLM server with the bundled model (started here: hold the vLLM
-lock, ``flock /work/locks/vllm.lock python bench/cache.py --real``) or ``--base-url URL``.
+with ``--real`` also the real vLLM server with the bundled model (started here:
+``python bench/cache.py --real``) or ``--base-url URL``.
 
     python bench/cache.py [--n 1000] [--dry-run-lines 50000] [--parts stub dry-run real]
-    flock /work/locks/vllm.lock python bench/cache.py --parts real   # starts the vLLM server
+    python bench/cache.py --parts real   # starts the vLLM server
 
 Writes bench/results/cache.json (parts not run this time are kept from the file).
 """

@@ -7,8 +7,7 @@ The real vLLM OpenAI server (bundled model) runs behind a counting proxy
 ``batchclient serve --max-concurrency 16`` runs as a child process; the batch is uploaded and
 created with the openai SDK; the server is SIGKILLed once 100 results are committed (read from
 its SQLite file), started again, and the batch is polled to the end (the counts are checked
-never to go back). Hold the vLLM lock: ``flock /work/locks/vllm.lock python bench/...`` on a
-shared machine.
+never to go back). It starts a vLLM server: run it alone on the machine.
 
     python bench/server_resume.py [--n 300] [--window 16] [--max-tokens 16]
 

@@ -125,13 +125,14 @@ def add_provider_arguments(
             else ""
         ),
     )
-    p.add_argument("--base-url", help="remote, batch-api: API root ending in /v1")
+    where = "remote, batch-api" if batch_api else "remote"
+    p.add_argument("--base-url", help=f"{where}: API root ending in /v1")
     p.add_argument(
         api_key_flag,
         dest="upstream_api_key",
         metavar="KEY",
         default=os.environ.get("OPENAI_API_KEY"),
-        help="remote, batch-api: bearer token sent to --base-url (default $OPENAI_API_KEY)",
+        help=f"{where}: bearer token sent to --base-url (default $OPENAI_API_KEY)",
     )
     if batch_api:
         p.add_argument(
@@ -159,7 +160,13 @@ def add_provider_arguments(
         help="requests in flight (remote: per endpoint, default 64; vllm: handed to the engine "
         "at once, default 1024; ray: per replica, default 1024)",
     )
-    p.add_argument("--max-retries", type=int, default=4, help="remote: retries per request")
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=None,
+        help="remote: retries per request (default 4)"
+        + ("; batch-api: retries per API call (default 8)" if batch_api else ""),
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
     p.add_argument("--model", default=None, help="vllm, ray: model path or name (default: bundled)")
     p.add_argument(
@@ -243,7 +250,7 @@ def make_provider(args: argparse.Namespace) -> Provider:
             args.base_url,
             args.upstream_api_key,
             max_concurrency=args.max_concurrency or 64,
-            max_retries=args.max_retries,
+            max_retries=4 if args.max_retries is None else args.max_retries,
             timeout=args.timeout,
         )
     engine_args = _key_values(args.engine_arg, "--engine-arg")
@@ -303,6 +310,7 @@ def make_client(args: argparse.Namespace) -> BatchClient:
             max_bytes=args.max_bytes,
             completion_window=args.completion_window,
             timeout=args.timeout,
+            **({} if args.max_retries is None else {"max_retries": args.max_retries}),
             state_dir=state_dir,
         )
     return BatchClient(

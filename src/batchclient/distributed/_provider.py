@@ -297,6 +297,23 @@ class RayProvider(Provider):
     def identity(self) -> dict[str, Any]:
         return {"provider": "ray", "model": str(self.model or BUNDLED_MODEL_NAME)}
 
+    def _inline(self) -> Any:
+        """The inline provider each replica builds (not started): its cache identity and model
+        path are the replicas' too."""
+        from ..inline import VLLMProvider
+
+        return VLLMProvider(self.model, tool_call_parser=self.tool_call_parser, **self.engine_args)
+
+    async def cache_identity(self, model: str) -> dict[str, Any]:
+        """As the inline provider's (model path, the engine arguments that change answers, the
+        tool-call parser): replicas answer as one inline engine would."""
+        identity: dict[str, Any] = await self._inline().cache_identity(model)
+        return {**identity, "provider": "ray"}
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        path: str | None = await self._inline().tokenizer_path(model)
+        return path
+
     async def check_model(self, model: str) -> None:
         if model not in self._names:
             raise ModelNotFoundError(model, sorted(self._names))
@@ -483,6 +500,8 @@ class RayBatchInference(BatchClient):
         tool_call_parser: as ``VLLMBatchInference``.
         runtime_env: a Ray runtime environment for the actors (``env_vars``, ``pip``, ...).
         state_dir: where files, batches and results are kept (as the other clients).
+        cache: use the result cache in ``state_dir`` for every call and batch (default False;
+            see :class:`~batchclient.BatchClient`).
         **engine_args: vLLM engine arguments for every replica, as ``VLLMBatchInference``
             (e.g. ``tensor_parallel_size=2`` shards each replica over 2 GPUs).
 
@@ -507,6 +526,7 @@ class RayBatchInference(BatchClient):
         tool_call_parser: str | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        cache: bool = False,
         **engine_args: Any,
     ) -> None:
         provider = RayProvider(
@@ -522,4 +542,4 @@ class RayBatchInference(BatchClient):
             runtime_env=runtime_env,
             **engine_args,
         )
-        super().__init__(provider, state_dir=state_dir)
+        super().__init__(provider, state_dir=state_dir, cache=cache)
