@@ -19,6 +19,12 @@ from batchclient import VLLMBatchInference
 from batchclient.testing import vllm_server
 from providers import Provider, inline_provider, remote_provider
 
+# The session runs several engines at once on the machine's cores (the server's, the inline
+# one, the embedding one, Ray replicas). Each bound to every core by default, their OpenMP
+# threads oversubscribe the cores and the engine tests ran several times slower; vLLM's own
+# "auto" binding (one core each) keeps them out of each other's way.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
 
