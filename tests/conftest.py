@@ -19,11 +19,13 @@ from batchclient import VLLMBatchInference
 from batchclient.testing import vllm_server
 from providers import Provider, inline_provider, remote_provider
 
-# The session runs several engines at once on the machine's cores (the server's, the inline
-# one, the embedding one, Ray replicas). Each bound to every core by default, their OpenMP
-# threads oversubscribe the cores and the engine tests ran several times slower; vLLM's own
-# "auto" binding (one core each) keeps them out of each other's way.
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+# The session runs several engines at once (the server's, the in-process ones: inline,
+# embeddings, Ray replicas). Each bound to every core by default, their OpenMP threads
+# oversubscribe the cores; on vLLM's "auto" binding they all share the same one. So on a CPU
+# build the server computes on the first core and this process's engines on the last one.
+_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+SERVER_BINDING = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or str(_CORES[0])
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
 
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
@@ -44,6 +46,7 @@ def vllm_url() -> Iterator[str]:
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
         enable_tokenizer_info_endpoint=True,
+        env={"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING},
     ) as url:
         yield url
 
