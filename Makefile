@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.setup-done
 EXTRAS ?= cpu,ray,bench,dev,server,eval
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup demo test test-fast test-heavy lint format bench clean
 
 setup: $(STAMP)
 
@@ -41,9 +41,14 @@ format: setup
 
 # Every tier: ruff, mypy, then all tests (the real vLLM server and engine included) with a
 # coverage report; it fails below COV_MIN % of src/batchclient's lines. What CI runs (.ci/run).
+# The `heavy` tests (a local Ray cluster of engine replicas, engines in their own processes)
+# take minutes each on 2 cores and run in `make test-heavy` instead.
 COV_MIN ?= 80
 test: lint
-	$(BIN)/python -m pytest -q --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
+	$(BIN)/python -m pytest -q -m "not heavy" --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
+
+test-heavy: setup
+	$(BIN)/python -m pytest -q -m heavy
 
 # The quick tier: no vLLM engine or server and no model conversion, on 4 workers (its tests mostly
 # wait on loopback sockets); about 80 s on 2 idle cores.

@@ -169,6 +169,7 @@ def test_bench_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.server
 @pytest.mark.engine
+@pytest.mark.heavy
 def test_bench_engine_mode_in_its_own_process(
     vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

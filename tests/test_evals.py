@@ -158,6 +158,7 @@ def lm_eval_vllm(tasks: Path, out: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.heavy
 async def test_inline_lm_equals_lm_evals_vllm_backend(
     inline_client: VLLMBatchInference, tmp_path: Path
 ) -> None:

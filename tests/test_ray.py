@@ -23,7 +23,7 @@ from batchclient import RayBatchInference, SamplingParams
 from jobs_util import done_in_db, line, read_jsonl, wait_sync
 
 # engine start-up alone takes minutes on 2 busy cores: more than the default 600 s per test
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.engine, pytest.mark.heavy, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2"
 KV = 256 << 20
@@ -31,10 +31,17 @@ KV = 256 << 20
 
 @pytest.fixture(scope="module")
 async def ray_client() -> AsyncIterator[RayBatchInference]:
-    async with RayBatchInference(
-        replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
-    ) as client:
-        yield client
+    # the session pins its own engines (conftest); the replicas claim their cores themselves,
+    # which a VLLM_CPU_OMP_THREADS_BIND inherited by the local Ray would override
+    pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    try:
+        async with RayBatchInference(
+            replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
+        ) as client:
+            yield client
+    finally:
+        if pinned is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
 
 
 def conversations(n: int) -> list[list[dict[str, str]]]:
