@@ -50,6 +50,7 @@ def check_bad_input(got: Any) -> None:
 
 
 @pytest.mark.server
+@pytest.mark.heavy
 def test_remote_lm_equals_local_completions_and_a_rerun_sends_nothing(
     vllm_url: str, tmp_path: Path
 ) -> None:

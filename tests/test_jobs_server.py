@@ -81,6 +81,7 @@ async def test_counts_and_the_servers_refusal_shape(vllm_url: str, tmp_path: Pat
     assert all(r.error is not None and r.error.status_code == 400 for r in result.batch[1:])
 
 
+@pytest.mark.heavy
 def test_crash_and_resume_against_the_real_server(vllm_url: str, tmp_path: Path) -> None:
     """300 lines through ``batchclient run`` in a subprocess, SIGKILLed after ~100 results, run
     again: every custom_id once, completed + failed == 300, and what the server received

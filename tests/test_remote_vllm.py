@@ -38,6 +38,7 @@ async def test_sharegpt_batch(vllm_url: str) -> None:
             assert item.completion_message.stop_reason == StopReason.out_of_tokens
 
 
+@pytest.mark.heavy
 async def test_order_and_attribution(vllm_url: str) -> None:
     """Order and attribution on the real server (vllm #394): conversations of distinct
     lengths, finishing out of order.
