@@ -64,7 +64,6 @@ def close(a: list[Any], b: list[Any]) -> bool:
     return all((x is None and y is None) or abs(x - y) <= 1e-4 for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.heavy
 async def test_completion_lines_match_the_vllm_server(
     inline_client: VLLMBatchInference, vllm_url: str, tmp_path: Path
 ) -> None:

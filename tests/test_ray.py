@@ -33,13 +33,19 @@ KV = 256 << 20
 async def ray_client() -> AsyncIterator[RayBatchInference]:
     # the session pins its own engines (conftest); the replicas claim their cores themselves,
     # which a VLLM_CPU_OMP_THREADS_BIND inherited by the local Ray would override
+    import ray
+
     pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    # three logical CPUs: the two replicas hold one each, and the resume test's own client
+    # process starts a third replica on this cluster (it binds every core: both slots are taken)
+    ray.init(num_cpus=3, include_dashboard=False, logging_level="WARNING")
     try:
         async with RayBatchInference(
             replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
         ) as client:
             yield client
     finally:
+        ray.shutdown()
         if pinned is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
 

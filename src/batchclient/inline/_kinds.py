@@ -165,7 +165,9 @@ def _completion_body(
         logprobs=logprobs,
         prompt_logprobs=(
             prompt_logprobs_json(prompt_steps, decode if tokenizer is not None else None)
-            if plan.prompt_logprobs is not None
+            # as vLLM's server: present whenever the engine computed them, so also for
+            # echoed log-probabilities
+            if "prompt_logprobs" in plan.sampling
             else None
         ),
     )
