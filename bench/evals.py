@@ -165,7 +165,12 @@ def _spawn(args: list[str]) -> dict[str, Any]:
     if proc.returncode != 0:
         print(f"{args[1]} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
         return {"error": proc.stderr[-500:]}
-    figures = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    # the child's figures are its last JSON line (lm-eval and vLLM may print after it)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if not lines:
+        print(f"{args[1]} printed no figures:\n{proc.stdout[-3000:]}", file=sys.stderr)
+        return {"error": "no figures in the child's output"}
+    figures = dict(json.loads(lines[-1]))
     print(f"{args[1]}: {json.dumps({k: v for k, v in figures.items() if k != 'logprobs'})}")
     return figures
 
