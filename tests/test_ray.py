@@ -6,6 +6,7 @@ replica killed mid-batch (last: it leaves one replica). Start-up takes one to se
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ async def ray_client() -> AsyncIterator[RayBatchInference]:
     pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     # three logical CPUs: the two replicas hold one each, and the resume test's own client
     # process starts a third replica on this cluster (it binds every core: both slots are taken)
-    ray.init(num_cpus=3, include_dashboard=False, logging_level="WARNING")
+    ray.init(num_cpus=3, include_dashboard=False, logging_level=logging.WARNING)
     try:
         async with RayBatchInference(
             replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
