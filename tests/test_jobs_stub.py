@@ -414,7 +414,9 @@ async def test_leaving_the_block_pauses_and_the_next_client_resumes(tmp_path: Pa
             await until(lambda: _completed_at_least(c, job_id, 100), within=30, every=0.01)
         paused = None
         async with client(stub, tmp_path, max_concurrency=1, check_model=False) as other:
-            paused = await other.batches.retrieve(job_id)  # no base_url match: not resumed
+            # the same provider identity: this client takes the job up while it is open, with
+            # at most one request in flight before it leaves again
+            paused = await other.batches.retrieve(job_id)
         async with client(stub, tmp_path, max_concurrency=8) as c:
             with anyio.fail_after(60):
                 job = await c.batches.wait(job_id)
@@ -424,7 +426,8 @@ async def test_leaving_the_block_pauses_and_the_next_client_resumes(tmp_path: Pa
     assert [r.custom_id for r in result.batch] == [f"r{i}" for i in range(300)]
     texts = [b["messages"][0]["content"] for b in stub.stats.bodies]
     resent = len(texts) - len(set(texts))
-    assert len(set(texts)) == 300 and resent <= 8  # at most the in-flight window
+    # at most what was in flight when each client left: 8 for the first, 1 for the other
+    assert len(set(texts)) == 300 and resent <= 8 + 1
 
 
 async def test_a_live_job_is_not_taken_over_and_can_be_cancelled_from_another_client(
