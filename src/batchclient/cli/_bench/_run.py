@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if server_rows:
             with _server(args, model_ref, model_name) as url:
                 base.base_url = url
-                _run_rows(server_rows, base, work, args)
+                reset = None if args.base_url else _reset_prefix_cache
+                _run_rows(server_rows, base, work, args, before_each=reset)
         _run_rows(engine_rows, base, work, args)
     for row in rows:
         row.finish()
@@ -202,7 +203,8 @@ def _server_text(args: argparse.Namespace) -> str:
         f"started by the harness (vLLM OpenAI server, threads bound to {harness_binding()}, "
         f"eager, {args.kv_cache_gib} GiB KV cache, "
         f"max_num_seqs {ENGINE_MAX_NUM_SEQS}, max_num_batched_tokens "
-        f"{ENGINE_MAX_NUM_BATCHED_TOKENS}), stopped before the engine modes"
+        f"{ENGINE_MAX_NUM_BATCHED_TOKENS}, prefix cache emptied before every run), "
+        "stopped before the engine modes"
     )
 
 
@@ -223,15 +225,40 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
         max_num_seqs=ENGINE_MAX_NUM_SEQS,
         max_num_batched_tokens=ENGINE_MAX_NUM_BATCHED_TOKENS,
         verbose=args.verbose,
-        env={THREADS_BIND: harness_binding()},
+        # dev mode for POST /reset_prefix_cache (loopback only), see _reset_prefix_cache
+        env={THREADS_BIND: harness_binding(), "VLLM_SERVER_DEV_MODE": "1"},
     ) as url:
         yield url
     _say("server stopped")
 
 
-def _run_rows(rows: list[ModeRow], base: RunSpec, work: Path, args: argparse.Namespace) -> None:
+def _reset_prefix_cache(base_url: str) -> None:
+    """Empty the harness server's prefix cache, so a server run does not find the prompts of
+    the runs before it cached (every engine run starts with a fresh engine). Raises
+    ``ConfigurationError`` when the server refuses (the figures would not be comparable)."""
+    import httpx
+
+    root = base_url.removesuffix("/v1")
+    answer = httpx.post(f"{root}/reset_prefix_cache", timeout=60)
+    if answer.status_code != 200:
+        raise ConfigurationError(
+            f"the server did not reset its prefix cache: HTTP {answer.status_code}"
+        )
+
+
+def _run_rows(
+    rows: list[ModeRow],
+    base: RunSpec,
+    work: Path,
+    args: argparse.Namespace,
+    before_each: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``rows`` ``args.repeat`` times, interleaved; ``before_each(base_url)`` runs before
+    every run (the harness server's prefix-cache reset)."""
     for repeat in range(args.repeat):
         for row in rows:
+            if before_each is not None and base.base_url:
+                before_each(base.base_url)
             spec = RunSpec(**{**base.__dict__})
             spec.mode = row.mode
             spec.concurrency = row.concurrency or 1
