@@ -20,7 +20,10 @@ Each mode runs in its own process; engines and servers run one at a time, with t
 log-likelihood difference between each pair, and the smallest cosine between the two
 providers' embeddings of each prompt.
 
-    python bench/evals.py [--copies 10] [--embeddings 1000] [--modes ...]
+    python bench/evals.py [--copies 10] [--embeddings 1000] [--repeat 1] [--modes ...]
+
+With ``--repeat N`` each log-likelihood mode runs N times (interleaved with its pair) and its
+row is the run with the median requests/s; every run's rate is kept beside it.
 
 Writes ``bench/results/evals.json``. Needs the vLLM lock on a shared machine.
 """
@@ -28,9 +31,11 @@ Writes ``bench/results/evals.json``. Needs the vLLM lock on a shared machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -157,22 +162,50 @@ def child_embeddings(mode: str, n: int, base_url: str | None, vectors_out: str) 
 
 
 def _spawn(args: list[str]) -> dict[str, Any]:
-    """One mode in a child process: its figures, or ``{"error": ...}`` (the other modes go on)."""
+    """One mode in a child process: its figures, or ``{"error": ...}`` (the other modes go on).
+
+    The child writes its figures to a file and its output to a log, not to pipes: an engine
+    process it leaves behind would hold a pipe open. It runs in a session of its own, killed
+    whole once the child is done, so no engine outlives its mode."""
     env = {**os.environ, **OFFLINE, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=3600
-    )
-    if proc.returncode != 0:
-        print(f"{args[1]} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
-        return {"error": proc.stderr[-500:]}
-    # the child's figures are its last JSON line (lm-eval and vLLM may print after it)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    if not lines:
-        print(f"{args[1]} printed no figures:\n{proc.stdout[-3000:]}", file=sys.stderr)
-        return {"error": "no figures in the child's output"}
-    figures = dict(json.loads(lines[-1]))
+    with tempfile.TemporaryDirectory(prefix="bench-evals-child-") as tmp:
+        result, log = Path(tmp) / "result.json", Path(tmp) / "child.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, __file__, *args, "--result", str(result)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout=3600)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        tail = log.read_text(errors="replace")[-3000:]
+        if code != 0 or not result.exists():
+            print(f"{args[1]} failed (exit {code}):\n{tail}", file=sys.stderr)
+            return {"error": f"exit {code}: {tail[-500:]}"}
+        figures = dict(json.loads(result.read_text()))
     print(f"{args[1]}: {json.dumps({k: v for k, v in figures.items() if k != 'logprobs'})}")
     return figures
+
+
+def _median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median requests/s (the lower middle one of an even count), with every
+    run's rate and the largest difference between its runs' answers beside it; the first
+    error when no run succeeded."""
+    ok = sorted((t for t in tries if "error" not in t), key=lambda t: t["requests_per_s"])
+    if not ok:
+        return tries[0]
+    median = dict(ok[(len(ok) - 1) // 2])
+    median["runs_requests_per_s"] = [t.get("requests_per_s") for t in tries]
+    if len(ok) > 1:  # how far the same mode's answers move from run to run
+        median["max_abs_logprob_diff_between_runs"] = max(_max_diff(ok[0], t) for t in ok[1:])
+    return median
 
 
 def _cosine(a: list[float], b: list[float]) -> float:
@@ -189,31 +222,45 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=10, help="copies of the local task (default 10)")
     p.add_argument("--embeddings", type=int, default=1000, help="ShareGPT prompts (default 1000)")
     p.add_argument("--modes", nargs="+", default=[*LL_MODES, *EMB_MODES])
+    p.add_argument(
+        "--repeat", type=int, default=1, help="runs of each log-likelihood mode, median kept (1)"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "evals.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--base-url", help=argparse.SUPPRESS)
     p.add_argument("--vectors", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         if args.child in LL_MODES:
             out = child_loglikelihood(args.child, args.copies, args.base_url)
         else:
             out = child_embeddings(args.child, args.embeddings, args.base_url, args.vectors)
-        print(json.dumps(out))
-        return
+        Path(args.result).write_text(json.dumps(out))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # skip interpreter teardown: lm-eval's vLLM engine can abort there ("terminate called
+        # without an active exception"); the parent ends what is left of the child's session
+        os._exit(0)
 
     from batchclient.testing import vllm_server
 
     runs: dict[str, dict[str, Any]] = {}
     copies = ["--copies", str(args.copies)]
-    for mode in ("ll-inline", "ll-vllm"):
-        if mode in args.modes:
-            runs[mode] = _spawn(["--child", mode, *copies])
+    tries: dict[str, list[dict[str, Any]]] = {m: [] for m in LL_MODES}
+    for _ in range(args.repeat):  # interleaved, so drift of the machine hits both sides
+        for mode in ("ll-inline", "ll-vllm"):
+            if mode in args.modes:
+                tries[mode].append(_spawn(["--child", mode, *copies]))
     if {"ll-remote", "ll-local-completions"} & set(args.modes):
         with vllm_server(max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_BYTES) as url:
-            for mode in ("ll-remote", "ll-local-completions"):
-                if mode in args.modes:
-                    runs[mode] = _spawn(["--child", mode, *copies, "--base-url", url])
+            for _ in range(args.repeat):
+                for mode in ("ll-remote", "ll-local-completions"):
+                    if mode in args.modes:
+                        tries[mode].append(_spawn(["--child", mode, *copies, "--base-url", url]))
+    for mode, done in tries.items():
+        if done:
+            runs[mode] = _median_run(done)
     vectors = {m: tempfile.mktemp(suffix=".json") for m in EMB_MODES}
     emb = ["--embeddings", str(args.embeddings)]
     if "emb-inline" in args.modes:
@@ -237,7 +284,7 @@ def main() -> None:
                 ]
             )
 
-    report: dict[str, Any] = {"copies": args.copies, "modes": {}}
+    report: dict[str, Any] = {"copies": args.copies, "repeat": args.repeat, "modes": {}}
     for mode, figures in runs.items():
         report["modes"][mode] = {k: v for k, v in figures.items() if k != "logprobs"}
     ok = {m for m, f in runs.items() if "error" not in f}
