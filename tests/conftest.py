@@ -46,7 +46,8 @@ def vllm_url() -> Iterator[str]:
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
         enable_tokenizer_info_endpoint=True,
-        env={"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING},
+        # dev mode: POST /reset_prefix_cache, as the benchmark harness's server has it
+        env={"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING, "VLLM_SERVER_DEV_MODE": "1"},
     ) as url:
         yield url
 

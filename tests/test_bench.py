@@ -319,3 +319,45 @@ def test_harness_binding_is_every_core_unless_the_caller_set_one(
     assert _run.harness_binding() == "0-3"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
     assert _run.harness_binding() == "1"  # the caller's choice stands
+
+
+# ------------------------------------------------------------------------------ prefix cache
+
+
+def _prefix_cache_hits(base_url: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{base_url.removesuffix('/v1')}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
+
+
+@pytest.mark.server
+def test_the_harness_empties_the_servers_prefix_cache(vllm_url: str) -> None:
+    """A prompt sent again hits vLLM's prefix cache; after the harness's reset it does not, so
+    one server run cannot profit from the prompts of the run before it."""
+    import httpx
+
+    prompt = " ".join(f"word{i}" for i in range(300))  # about 900 tokens: several KV blocks
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1}
+
+    def send() -> float:
+        answer = httpx.post(f"{vllm_url}/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return _prefix_cache_hits(vllm_url)
+
+    first = send()
+    again = send()
+    assert again > first  # the second time its blocks were cached
+    _run._reset_prefix_cache(vllm_url)
+    assert send() == again  # emptied: no hit
+
+
+def test_a_refused_prefix_cache_reset_stops_the_harness() -> None:
+    from batchclient.testing import StubServer
+
+    with StubServer() as stub, pytest.raises(ConfigurationError, match="HTTP 404"):
+        _run._reset_prefix_cache(stub.url)

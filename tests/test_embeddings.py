@@ -77,7 +77,8 @@ async def test_embeddings_agree_on_both_providers(
         assert isinstance(coded.embedding, str) and coded.vector == pytest.approx(
             theirs.vector, abs=1e-6
         )
-        assert own_coded.vector == pytest.approx(mine.vector, abs=1e-6)
+        # a second inline call: bfloat16 rounding may differ with the batching, not the vector
+        assert cosine(own_coded.vector, mine.vector) >= 0.9999
         assert mine.metric("prompt_tokens") == theirs.metric("prompt_tokens")
     v = inline.embeddings
     assert cosine(v[0], v[1]) > cosine(v[0], v[2])  # meaning, not just characters

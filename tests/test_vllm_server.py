@@ -66,7 +66,9 @@ def test_serves_the_bundled_model_and_leaves_nothing_behind() -> None:
         assert body["model"] == "smollm2"
         assert 0 < body["usage"]["completion_tokens"] <= 8
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
-        assert "Paris" in body["choices"][0]["message"]["content"]  # greedy on SmolLM2-135M
+        # some text: which words depends on the CPU's bfloat16 kernels (greedy SmolLM2-135M said
+        # "Paris" on one machine, "L'Étoile, la Mar" on one with AMX)
+        assert body["choices"][0]["message"]["content"].strip()
     print(f"server start-up: {startup_s:.1f} s")
 
     left = {pid for pid, (group, _) in _live_procs().items() if group == pgid}
