@@ -74,10 +74,10 @@ async def test_embeddings_agree_on_both_providers(
         inline.batch, floats.batch, b64.batch, inline_b64.batch, strict=True
     ):
         assert len(mine.vector) == 576 and cosine(mine.vector, theirs.vector) >= 0.999
-        assert isinstance(coded.embedding, str) and coded.vector == pytest.approx(
-            theirs.vector, abs=1e-6
-        )
-        # a second inline call: bfloat16 rounding may differ with the batching, not the vector
+        # a second call on each provider: bfloat16 rounding moves with the batching (by up to
+        # 0.005 per component here), not the vector; the decoding itself is checked exactly in
+        # the stub tests
+        assert isinstance(coded.embedding, str) and cosine(coded.vector, theirs.vector) >= 0.9999
         assert cosine(own_coded.vector, mine.vector) >= 0.9999
         assert mine.metric("prompt_tokens") == theirs.metric("prompt_tokens")
     v = inline.embeddings
