@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.setup-done
-EXTRAS ?= cpu,ray,bench,dev,server,eval
+EXTRAS ?= cpu,ray,bench,dev,server,eval,anthropic,gemini
 
 .PHONY: setup demo test test-fast test-heavy lint format bench clean
 

@@ -6,6 +6,7 @@ import contextlib
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ def start_serve(
             raise RuntimeError(f"batchclient serve exited with {proc.returncode}")
         try:
             urllib.request.urlopen(f"{url}/v1/models", timeout=5).read()
+            return url, proc
+        except urllib.error.HTTPError:  # 401 with keys: it answers, so it is up
             return url, proc
         except OSError:
             if time.monotonic() > deadline:

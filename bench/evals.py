@@ -13,14 +13,16 @@ after a warm-up, with every answer cache off:
 
 Embeddings: 1,000 ShareGPT prompts (vLLM's benchmark sampling, seed 0) through
 ``batch_embeddings`` on an inline pooling engine (``emb-inline``) and on a vLLM server in
-pooling mode with 64 in flight (``emb-remote``).
+pooling mode with 64 in flight (``emb-remote``), once per ``--group-sizes`` value (inputs per
+``/v1/embeddings`` request, ``embedding_group_size``; default 16), each against the same server.
 
 Each mode runs in its own process; engines and servers run one at a time, with the same
 512 MiB KV cache and ``max_model_len`` 2048. The answers are compared too: the largest
 log-likelihood difference between each pair, and the smallest cosine between the two
 providers' embeddings of each prompt.
 
-    python bench/evals.py [--copies 10] [--embeddings 1000] [--repeat 1] [--modes ...]
+    python bench/evals.py [--copies 10] [--embeddings 1000] [--group-sizes 16] [--repeat 1]
+        [--modes ...]
 
 With ``--repeat N`` each log-likelihood mode runs N times (interleaved with its pair) and its
 row is the run with the median requests/s; every run's rate is kept beside it.
@@ -124,7 +126,9 @@ def child_loglikelihood(mode: str, copies: int, base_url: str | None) -> dict[st
     }
 
 
-def child_embeddings(mode: str, n: int, base_url: str | None, vectors_out: str) -> dict[str, Any]:
+def child_embeddings(
+    mode: str, n: int, base_url: str | None, vectors_out: str, group: int
+) -> dict[str, Any]:
     import anyio
 
     from batchclient import RemoteBatchInference, VLLMBatchInference
@@ -141,7 +145,7 @@ def child_embeddings(mode: str, n: int, base_url: str | None, vectors_out: str) 
             )  # fmt: skip
         else:
             assert base_url is not None
-            client = RemoteBatchInference(base_url, max_concurrency=64)
+            client = RemoteBatchInference(base_url, max_concurrency=64, embedding_group_size=group)
         async with client:
             await client.batch_embeddings("smollm2", prompts[:WARMUP])
             started = time.perf_counter()
@@ -153,6 +157,7 @@ def child_embeddings(mode: str, n: int, base_url: str | None, vectors_out: str) 
             "failed": len(got.errors),
             "seconds": seconds,
             "embeddings_per_s": len(prompts) / seconds,
+            **({"group_size": group} if mode == "emb-remote" else {}),
         }
 
     return anyio.run(run)
@@ -221,6 +226,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--copies", type=int, default=10, help="copies of the local task (default 10)")
     p.add_argument("--embeddings", type=int, default=1000, help="ShareGPT prompts (default 1000)")
+    p.add_argument(
+        "--group-sizes", type=int, nargs="+", default=[16],
+        help="emb-remote: inputs per /v1/embeddings request, one run each (default 16)",
+    )  # fmt: skip
     p.add_argument("--modes", nargs="+", default=[*LL_MODES, *EMB_MODES])
     p.add_argument(
         "--repeat", type=int, default=1, help="runs of each log-likelihood mode, median kept (1)"
@@ -235,7 +244,9 @@ def main() -> None:
         if args.child in LL_MODES:
             out = child_loglikelihood(args.child, args.copies, args.base_url)
         else:
-            out = child_embeddings(args.child, args.embeddings, args.base_url, args.vectors)
+            out = child_embeddings(
+                args.child, args.embeddings, args.base_url, args.vectors, args.group_sizes[0]
+            )
         Path(args.result).write_text(json.dumps(out))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -272,17 +283,15 @@ def main() -> None:
             max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_BYTES, runner="pooling",
             convert="embed",
         ) as url:  # fmt: skip
-            runs["emb-remote"] = _spawn(
-                [
-                    "--child",
-                    "emb-remote",
-                    *emb,
-                    "--base-url",
-                    url,
-                    "--vectors",
-                    vectors["emb-remote"],
-                ]
-            )
+            for k, size in enumerate(args.group_sizes):  # the first one's vectors are compared
+                name = "emb-remote" if k == 0 else f"emb-remote-g{size}"
+                runs[name] = _spawn(
+                    [
+                        "--child", "emb-remote", *emb, "--base-url", url,
+                        "--vectors", vectors["emb-remote"] if k == 0 else os.devnull,
+                        "--group-sizes", str(size),
+                    ]
+                )  # fmt: skip
 
     report: dict[str, Any] = {"copies": args.copies, "repeat": args.repeat, "modes": {}}
     for mode, figures in runs.items():
@@ -294,6 +303,11 @@ def main() -> None:
                 "ratio": runs[ours]["requests_per_s"] / runs[theirs]["requests_per_s"],
                 "max_abs_logprob_diff": _max_diff(runs[ours], runs[theirs]),
             }
+    for mode in sorted(m for m in ok if m.startswith("emb-remote")):
+        if "emb-inline" in ok:
+            size = runs[mode]["group_size"]
+            ratio = runs[mode]["embeddings_per_s"] / runs["emb-inline"]["embeddings_per_s"]
+            report[f"emb-remote (group {size}) / emb-inline"] = ratio
     if all(m in ok for m in EMB_MODES):
         a, b = (json.loads(Path(vectors[m]).read_text()) for m in EMB_MODES)
         report["embeddings min cosine"] = min(_cosine(x, y) for x, y in zip(a, b, strict=True))

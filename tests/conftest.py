@@ -11,12 +11,14 @@ starting one.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from batchclient import VLLMBatchInference
 from batchclient.testing import vllm_server
+from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
 
 # The session runs several engines at once (the server's, the in-process ones: inline,
@@ -26,6 +28,11 @@ from providers import Provider, inline_provider, remote_provider
 _CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
 SERVER_BINDING = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or str(_CORES[0])
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
+
+# Tests never read or write the user's state directory: a client without ``state_dir=`` keeps
+# its jobs in one private folder per test process (and its children), whatever schema the
+# user's own store is at.
+os.environ["BATCHCLIENT_STATE_DIR"] = tempfile.mkdtemp(prefix="batchclient-tests-")
 
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""

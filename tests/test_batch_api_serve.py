@@ -1,8 +1,8 @@
 """``BatchAPIBatchInference`` against a real ``batchclient serve`` on loopback (uvicorn serving
 ``batchclient.server.create_app`` over a ``RemoteProvider`` pointed at the chat stub, through
-``batchclient.testing.AppServer``): ordered
-results, per-item errors, a split into several remote batches, a client SIGKILLed while it waits
-then re-attached with no second submission, and cancel."""
+``batchclient.testing.AppServer``): a split into several remote batches, a client SIGKILLed
+while it waits then re-attached with no second submission, and cancel. Ordered results and
+per-item errors of every call kind are the ``batch-api`` row of ``test_capabilities.py``."""
 
 from __future__ import annotations
 
@@ -76,20 +76,6 @@ async def remote_batches(serve: Serve) -> list[dict[str, Any]]:
         return [b.model_dump() for b in page.data]
     finally:
         await sdk.close()
-
-
-async def test_ordered_results_and_per_item_errors(serve: Serve, tmp_path: Path) -> None:
-    prompts = [f"s{i}" + (" BAD" if i in (1, 4) else "") for i in range(6)]
-    async with client(serve, tmp_path) as c:
-        result = await c.batch_chat_completion("smollm2", convo(prompts))
-    for i, item in enumerate(result.batch):
-        if i in (1, 4):
-            assert item.error is not None and item.error.status_code == 400
-            assert item.error.code == "invalid_request"
-        else:
-            assert item.completion_message is not None
-            assert item.completion_message.content == f"echo: s{i}"
-    assert all(n == 1 for n in serve.sent().values()) and len(serve.sent()) == 6
 
 
 async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -> None:

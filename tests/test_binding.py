@@ -1,4 +1,4 @@
-"""Thread binding of CPU engines (``batchclient.inline._binding``): pure, no engine."""
+"""Thread binding of CPU engines (``batchclient._cpu``): pure, no engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchclient.inline import _binding
+from batchclient import _cpu as _binding  # moved from batchclient.inline
 
 
 def test_core_lists_in_vllm_syntax() -> None:

@@ -281,8 +281,10 @@ def test_inline_identity_is_the_model_path_and_the_engine_args_that_change_answe
 
     base = identity()
     assert base["model_path"] == str(bundled_model_path())
-    assert base["engine_args"] == {"max_model_len": 2048}  # batchclient's default for it
+    # batchclient's defaults: the dtype this CPU gets, the bundled model's context
+    assert base["engine_args"] == {"dtype": VLLMProvider().dtype, "max_model_len": 2048}
     assert identity(kv_cache_memory_bytes=1 << 28, max_num_seqs=8) == base  # speed, not answers
-    assert identity(dtype="float32") != base and identity(seed=1) != base
+    assert identity(dtype=VLLMProvider().dtype) == base  # the default, given: the same answers
+    assert identity(dtype="float16") != base and identity(seed=1) != base
     assert identity(max_model_len=1024) != base
     assert identity(tool_call_parser="hermes") != base

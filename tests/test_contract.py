@@ -109,7 +109,10 @@ async def test_cancelling_a_call_aborts_its_requests_in_the_engine(provider: Pro
             await client.batch_chat_completion(
                 MODEL, conversations, sampling_params=SamplingParams(max_tokens=1500)
             )
-        assert time.monotonic() - started < 5.0  # the call ends promptly
+        # The call ends promptly: uncancelled, 48 answers of up to 1,500 tokens take minutes.
+        # The bound leaves room for a loaded 2-core machine, where the engine beside this
+        # process starves the event loop while the cancellation unwinds (9.7 s seen once).
+        assert time.monotonic() - started < 20.0
         await provider.assert_idle(client)
 
 

@@ -209,3 +209,39 @@ def test_inline_result_mapping_never_raises(
 
     response = to_response(REQUESTS[0], Result(status_code=200, body=body))
     assert response.error is None and response.text == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    token_logprobs=st.lists(st.one_of(LOGPROB_VALUES, st.text(max_size=2)), max_size=4),
+    top=st.lists(
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.dictionaries(st.text(max_size=2), st.one_of(LOGPROB_VALUES, st.text())),
+        ),
+        max_size=4,
+    ),
+)
+def test_completion_logprobs_are_clamped_as_chat_ones(
+    token_logprobs: list[Any], top: list[Any]
+) -> None:
+    """A completions answer's ``logprobs`` (null, NaN, -inf, text where a number belongs)
+    decode by the one clamp every endpoint uses: never an exception, never below -9999.0."""
+    from batchclient._core.completions import to_completion_response
+    from batchclient._core.decode import clamp_logprob
+    from batchclient._core.request import Result
+
+    tokens = [f"t{i}" for i in range(len(token_logprobs))]
+    choice = {
+        "text": "".join(tokens),
+        "finish_reason": "stop",
+        "logprobs": {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top},
+    }
+    request = Request(index=0, body={"model": "m", "prompt": "p"}, endpoint=Endpoint.completions)
+    response = to_completion_response(request, Result(status_code=200, body={"choices": [choice]}))
+    assert response.error is None
+    for step in response.logprobs or ():
+        assert all(v >= LOGPROB_FLOOR and math.isfinite(v) for v in step.logprobs_by_token.values())
+    assert clamp_logprob(float("-inf")) == clamp_logprob(None) == clamp_logprob("x") == -9999.0
+    assert clamp_logprob(-12345) == -9999.0 and clamp_logprob(-0.5) == -0.5

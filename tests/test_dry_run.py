@@ -122,3 +122,100 @@ def test_cli_run_without_output_or_dry_run_is_a_usage_error(tmp_path: Path) -> N
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([line("a", "x")]))
     assert main(["run", str(inp), "--base-url", "http://127.0.0.1:9/v1"]) == 2
+
+
+def completion_line(cid: str, prompt: Any, **body: Any) -> str:
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "smollm2", "prompt": prompt, "max_tokens": 5, **body},
+        }
+    )
+
+
+def embedding_line(cid: str, value: Any) -> str:
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "smollm2", "input": value},
+        }
+    )
+
+
+def words(n: int, seed: int) -> str:
+    return " ".join(f"word{(seed * 7919 + i) % 1000}" for i in range(n))
+
+
+async def test_estimate_of_completions_and_embeddings_files_counts_their_prompts(
+    tmp_path: Path,
+) -> None:
+    """The endpoint is the file's own (its lines' ``url``); prompts and inputs are counted
+    whatever their form (text, a list of texts, token ids)."""
+    short = [completion_line(f"c{i}", words(1000, i)) for i in range(3)]
+    long = [completion_line(f"c{i}", words(2000, i)) for i in range(3)]
+    mixed = [
+        completion_line("t", [1, 2, 3, 4]),
+        completion_line("l", ["a" * 40, "b" * 40]),
+        embedding_line("x", "y"),
+    ]
+    embed = [
+        embedding_line("e0", words(500, 0)),
+        embedding_line("e1", [words(500, 1), words(500, 2)]),
+        embedding_line("e2", list(range(300))),
+    ]
+    with StubServer() as stub:
+        async with client(stub, tmp_path) as c:
+            ests = []
+            for lines in (short, long, embed, mixed):
+                record = await c.files.create(jsonl(lines))
+                ests.append(await c.estimate(record.id))
+        assert stub.stats.requests == 0
+    short_est, long_est, embed_est, mixed_est = ests
+    assert short_est.ok and long_est.ok and embed_est.ok, (short_est.errors, embed_est.errors)
+    assert short_est.requests == 3 and short_est.max_output_tokens == 15
+    assert short_est.prompt_tokens > 3 * 1000  # each "wordNNN" is several tokens
+    assert long_est.prompt_tokens > 1.8 * short_est.prompt_tokens
+    assert embed_est.prompt_tokens > 1000 + 300 and embed_est.without_max_tokens == 3
+    # one endpoint per file: the embeddings line in a completions file is refused, by value
+    assert not mixed_est.ok and mixed_est.errors[0].line == 3
+    assert "'/v1/completions'" in mixed_est.errors[0].message
+    assert "Endpoint." not in mixed_est.errors[0].message
+
+
+def test_prompt_tokens_of_completions_with_the_model_tokenizer(tmp_path: Path) -> None:
+    """With a tokenizer a text prompt is its tokens (special tokens as a server adds them),
+    token ids count one each, and a list of texts is the sum of its texts."""
+    from providers import tokenizer
+
+    tok = tokenizer()
+    texts = ["The capital of France is", "x" * 300]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(
+        jsonl(
+            [
+                completion_line("a", texts[0]),
+                completion_line("b", texts),
+                completion_line("c", [5, 6, 7]),
+            ]
+        )
+    )
+    est = anyio.run(lambda: estimate_file(path, None, None, tokenizer=str(bundled_model_path())))
+    one, two = (len(ids) for ids in tok(texts).input_ids)
+    assert not est.prompt_tokens_estimated
+    assert est.prompt_tokens == one + (one + two) + 3
+
+
+def test_cli_dry_run_of_a_completions_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([completion_line(f"c{i}", words(2000, i)) for i in range(3)]))
+    assert main(["run", str(inp), "--dry-run", "--base-url", "http://127.0.0.1:9/v1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "dry run: nothing was sent"
+    tokens = int(out[2].split()[2].replace(",", ""))
+    assert tokens > 3 * 2000

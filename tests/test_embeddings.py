@@ -14,6 +14,7 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from batchclient import (
+    BatchEmbeddingsResponse,
     ConfigurationError,
     Endpoint,
     ErrorCode,
@@ -68,10 +69,15 @@ async def test_embeddings_agree_on_both_providers(
     async with RemoteBatchInference(pooling_url, state_dir=tmp_path) as remote:
         floats = await remote.batch_embeddings(MODEL, TEXTS)
         b64 = await remote.batch_embeddings(MODEL, TEXTS, encoding_format="base64")
+    # one input per request: the server counts each input's tokens itself
+    async with RemoteBatchInference(
+        pooling_url, state_dir=tmp_path, embedding_group_size=1
+    ) as single:
+        alone = await single.batch_embeddings(MODEL, TEXTS)
     inline_b64 = await pooling_client.batch_embeddings(MODEL, TEXTS, encoding_format="base64")
-    assert not inline.errors and not floats.errors and not b64.errors
-    for mine, theirs, coded, own_coded in zip(
-        inline.batch, floats.batch, b64.batch, inline_b64.batch, strict=True
+    assert not inline.errors and not floats.errors and not b64.errors and not alone.errors
+    for mine, theirs, coded, own_coded, one in zip(
+        inline.batch, floats.batch, b64.batch, inline_b64.batch, alone.batch, strict=True
     ):
         assert len(mine.vector) == 576 and cosine(mine.vector, theirs.vector) >= 0.999
         # a second call on each provider: bfloat16 rounding moves with the batching (by up to
@@ -79,7 +85,15 @@ async def test_embeddings_agree_on_both_providers(
         # the stub tests
         assert isinstance(coded.embedding, str) and cosine(coded.vector, theirs.vector) >= 0.9999
         assert cosine(own_coded.vector, mine.vector) >= 0.9999
-        assert mine.metric("prompt_tokens") == theirs.metric("prompt_tokens")
+        assert cosine(one.vector, mine.vector) >= 0.999
+        assert mine.metric("prompt_tokens") == one.metric("prompt_tokens")
+
+    # in groups the server counts a group's tokens, shared out over its inputs by length: the
+    # total is the server's exactly
+    def total(got: BatchEmbeddingsResponse) -> float:
+        return sum(item.metric("prompt_tokens") or 0 for item in got.batch)
+
+    assert total(floats) == total(alone) == total(inline)
     v = inline.embeddings
     assert cosine(v[0], v[1]) > cosine(v[0], v[2])  # meaning, not just characters
 

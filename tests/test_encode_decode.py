@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -9,10 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from batchclient import (
+    ChatCompletionResponse,
     CompletionMessage,
     GreedySamplingStrategy,
     JsonSchemaResponseFormat,
     LogProbConfig,
+    MetricInResponse,
     Request,
     Result,
     SamplingParams,
@@ -26,7 +29,14 @@ from batchclient import (
     TopPSamplingStrategy,
     UserMessage,
 )
-from batchclient._core.decode import LOGPROB_FLOOR, http_error, to_response
+from batchclient._core.client import _build_staged
+from batchclient._core.decode import (
+    LOGPROB_FLOOR,
+    build_response,
+    http_error,
+    stage_response,
+    to_response,
+)
 from batchclient._core.encode import build_body, message_to_wire, sampling_to_wire, tool_to_wire
 from batchclient.types import Message, coerce_messages
 
@@ -174,6 +184,69 @@ def test_finish_reasons_and_metrics() -> None:
         assert r.metric("completion_tokens") == 1
         assert r.metric("total_tokens") == 4
         assert r.metric("latency") == 0.5
+
+
+def test_a_plain_answer_is_staged_untracked_and_built_the_same() -> None:
+    """A plain answer is staged as atoms, which the cycle collector stops tracking (so a large
+    batch's finished answers are not rescanned by every full collection), and is built into
+    exactly the response the models themselves give, down to which fields are set."""
+    req = Request(index=0, body={}, custom_id="x")
+    result = _ok(
+        {
+            "choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        }
+    )
+    result.ttft_s = 0.25
+    result.extra["cached"] = True
+    staged = stage_response(req, result)
+    assert type(staged) is tuple
+    gc.collect()
+    assert not gc.is_tracked(staged)
+    expected = ChatCompletionResponse(
+        completion_message=CompletionMessage(
+            content="hi", stop_reason=StopReason.out_of_tokens, tool_calls=[]
+        ),
+        logprobs=None,
+        metrics=[
+            MetricInResponse(metric="prompt_tokens", value=3, unit="tokens"),
+            MetricInResponse(metric="completion_tokens", value=1, unit="tokens"),
+            MetricInResponse(metric="time_to_first_token", value=0.25, unit="s"),
+            MetricInResponse(metric="latency", value=0.5, unit="s"),
+            MetricInResponse(metric="cached", value=1),
+        ],
+        custom_id="x",
+    )
+    for built in (build_response(staged), to_response(req, result)):
+        assert built == expected
+        assert built.model_dump(exclude_unset=True) == expected.model_dump(exclude_unset=True)
+        assert built.cached
+
+
+def test_staged_answers_are_built_into_the_oldest_generation_and_the_collector_restored() -> None:
+    """Built at the end of a call, answers go straight to the collector's oldest generation;
+    the collector is left as it was: enabled or disabled, and what the caller froze stays
+    frozen (it is never thawed)."""
+    req = Request(index=0, body={}, custom_id="x")
+    ok = _ok({"choices": [{"message": {"content": "hi"}}]})
+    failed_item = to_response(req, Result(status_code=500, body=None, error=None))
+
+    results: list[Any] = [stage_response(req, ok), failed_item]
+    _build_staged(results, build_response)
+    assert results[0] == to_response(req, ok) and results[1] is failed_item
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is results[0] for o in gc.get_objects(generation=2))
+
+    gc.disable()
+    gc.freeze()
+    try:
+        results = [stage_response(req, ok)]
+        _build_staged(results, build_response)
+        assert isinstance(results[0], ChatCompletionResponse)
+        assert not gc.isenabled() and gc.get_freeze_count() > 0  # not thawed
+    finally:
+        gc.unfreeze()
+        gc.enable()
 
 
 def test_tool_calls_finish_is_end_of_message() -> None:

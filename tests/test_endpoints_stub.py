@@ -5,6 +5,7 @@ answers decoded, per-item errors, the whole-call errors."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,7 @@ def test_embedding_requests_and_answers() -> None:
     assert reqs[0].body == {"model": "m", "input": "a", "encoding_format": "base64"}
     assert reqs[1].error is not None and reqs[2].body["input"] == [1, 2]
     with pytest.raises(ConfigurationError):
-        list(embedding_requests("m", ["a"], "binary"))  # type: ignore[arg-type]
+        embedding_requests("m", ["a"], "binary")  # type: ignore[arg-type]  # raised now
     ok = {"data": [{"embedding": [0.5, 1]}], "usage": {"prompt_tokens": 2}}
     item = to_embedding_response(reqs[0], Result(status_code=200, body=ok))
     assert item.embedding == [0.5, 1.0] and item.vector == [0.5, 1.0]
@@ -220,7 +221,9 @@ async def test_batch_embeddings_float_and_base64_against_the_stub(tmp_path: Path
     assert floats.batch[0].vector == pytest.approx(stub_vector("cat"))
     assert isinstance(b64.batch[0].embedding, str)
     assert b64.embeddings[1] == pytest.approx(stub_vector("dog"), abs=1e-6)
-    assert [i for i, _ in floats.errors] == [2] and len(stub.stats.bodies) == 4
+    assert [i for i, _ in floats.errors] == [2]
+    # each call's two inputs go in one request (tests/test_embed_groups.py)
+    assert [b["input"] for b in stub.stats.bodies] == [["cat", "dog"], ["cat", "dog"]]
 
 
 async def test_a_provider_without_an_endpoint_refuses_the_call(tmp_path: Path) -> None:
@@ -235,6 +238,9 @@ async def test_a_provider_without_an_endpoint_refuses_the_call(tmp_path: Path) -
             await client.batch_embeddings("m", ["x"])
         with pytest.raises(ConfigurationError, match="/v1/completions"):
             await client.batch_completion("m", ["x"])
+        record = await client.files.create(b"{}\n")
+        with pytest.raises(ConfigurationError, match=r"^endpoint '/v1/embeddings' is not served"):
+            await client.batches.create(record.id, endpoint=Endpoint.embeddings)
         with pytest.raises(ConfigurationError, match="token ids"):
             ChatOnly.endpoints = frozenset(Endpoint)
             await client.batch_loglikelihood("m", [("a", "b")])
@@ -255,3 +261,69 @@ def test_stub_vectors_are_unit_vectors() -> None:
     assert sum(v * v for v in stub_vector("x")) == pytest.approx(1.0)
     assert json.dumps(stub_vector("x"))  # JSON-ready
     assert anyio  # imported for the async tests
+
+
+# ------------------------------------------------------------------------------ whole-call errors
+
+
+async def test_every_call_kind_checks_its_arguments_before_sending(tmp_path: Path) -> None:
+    """Bad arguments are a ``ConfigurationError`` raised by the call itself, before any request
+    is built or sent (not an ``ExceptionGroup`` out of the scheduler's task group)."""
+    from batchclient import BatchAPIBatchInference
+    from batchclient.testing import BatchAPIStub
+
+    chat = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+    two = SamplingParams(max_tokens=2)
+    bad_format: Any = "x"
+    bad_params: Any = [{"max_tokens": -1}]
+
+    def calls(client: BatchClient) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+        return [
+            (
+                "encoding_format",
+                lambda: client.batch_embeddings("smollm2", ["a"], encoding_format=bad_format),
+            ),
+            (
+                "custom_ids",
+                lambda: client.batch_embeddings("smollm2", ["a", "b"], custom_ids=["x"]),
+            ),
+            (
+                "custom_ids",
+                lambda: client.batch_completion("smollm2", ["a", "b"], custom_ids=["x"]),
+            ),
+            ("sampling_params", lambda: client.batch_completion("smollm2", ["a", "b"], [two])),
+            (
+                "sampling_params",
+                lambda: client.batch_completion("smollm2", ["a"], bad_params),
+            ),
+            ("logprobs", lambda: client.batch_completion("smollm2", ["a"], logprobs=[None, None])),
+            ("custom_ids", lambda: client.batch_chat_completion("smollm2", chat, custom_ids=["x"])),
+            ("sampling_params", lambda: client.batch_chat_completion("smollm2", chat, [two])),
+            (
+                "response_format",
+                lambda: client.batch_chat_completion("smollm2", chat, response_format=[None]),
+            ),
+            (
+                "custom_ids",
+                lambda: client.batch_loglikelihood("smollm2", [([1], [2])], custom_ids=[]),
+            ),
+            (
+                "custom_ids",
+                lambda: client.batch_loglikelihood_rolling("smollm2", ["a"], custom_ids=[]),
+            ),
+        ]
+
+    with StubServer() as stub:
+        async with remote(stub, tmp_path, tokenizer=bundled_model_path()) as client:
+            for name, call in calls(client):
+                with pytest.raises(ConfigurationError, match=name):
+                    await call()
+        assert stub.stats.requests == 0
+    with BatchAPIStub() as api:
+        async with BatchAPIBatchInference(
+            api.url, poll_interval=0.02, state_dir=tmp_path / "api"
+        ) as api_client:
+            for name, call in calls(api_client)[:9]:  # the Batch API does no scoring
+                with pytest.raises(ConfigurationError, match=name):
+                    await call()
+            assert await api_client.files.list() == [] and await api_client.batches.list() == []

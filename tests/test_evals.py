@@ -215,4 +215,4 @@ def test_the_lm_eval_command_runs_an_offline_task_on_the_server(
     assert done.returncode == 0, done.stderr[-2000:]
     metrics, samples = read_output(tmp_path / "out")
     assert 0.0 <= metrics[MC_TASK]["acc,none"] <= 1.0 and len(samples[MC_TASK]) == 8
-    assert (tmp_path / "state" / "lm_eval.sqlite3").stat().st_mode & 0o077 == 0  # private
+    assert (tmp_path / "state" / "batchclient.sqlite3").stat().st_mode & 0o077 == 0  # private

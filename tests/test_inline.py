@@ -323,6 +323,7 @@ def test_engine_defaults_start_anywhere_and_yield_to_the_caller(
     assert args["max_model_len"] == 2048 and args["disable_log_stats"] is True
     assert args["enforce_eager"] is True  # this machine runs the CPU build
     assert args["kv_cache_memory_bytes"] == 2 << 30
+    assert args["dtype"] in ("bfloat16", "float32")  # by this CPU's flags (test_engine_defaults)
     given = _engine.engine_args("/m", "x", False, {"gpu_memory_utilization": 0.3, "dtype": "f"})
     assert "kv_cache_memory_bytes" not in given and "max_model_len" not in given
     assert given["gpu_memory_utilization"] == 0.3 and given["dtype"] == "f"

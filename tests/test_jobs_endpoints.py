@@ -1,6 +1,7 @@
 """Batch files for ``/v1/completions`` and ``/v1/embeddings`` (one endpoint per file, as OpenAI):
 validated, run, resumed after SIGKILL, and written in OpenAI's output shapes (checked with the
-openai SDK's types), through the API and ``batchclient run``, against the loopback stub."""
+openai SDK's types), through the API and ``batchclient run``, against the loopback stub. A batch
+for an endpoint the provider does not serve is refused in ``test_capabilities.py``."""
 
 from __future__ import annotations
 
@@ -11,20 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 
 from batchclient import (
-    BatchClient,
     BatchCompletionResponse,
     BatchEmbeddingsResponse,
-    ConfigurationError,
     Endpoint,
     ErrorCode,
-    Provider,
     RemoteBatchInference,
-    Request,
-    Result,
 )
 from batchclient.cli import main
 from batchclient.jobs import validate_batch_file
@@ -151,17 +146,6 @@ async def test_an_embeddings_batch_writes_openai_embedding_lines(tmp_path: Path)
     many = out[-1]["response"]["body"]["data"]
     assert len(many) == 3 and all(isinstance(d["embedding"], str) for d in many)
     assert isinstance(result, BatchEmbeddingsResponse) and len(result.batch[0].vector) == 8
-
-
-async def test_a_batch_for_an_endpoint_the_provider_lacks_is_refused(tmp_path: Path) -> None:
-    class ChatOnly(Provider):
-        async def execute(self, request: Request) -> Result:
-            raise AssertionError("never called")
-
-    async with BatchClient(ChatOnly(), state_dir=tmp_path) as client:
-        record = await client.files.create(jsonl([embedding_line("a", "x")]))
-        with pytest.raises(ConfigurationError, match="/v1/embeddings"):
-            await client.batches.create(record.id, endpoint=EMBEDDINGS)
 
 
 def sent(stub: StubServer) -> Counter[str]:

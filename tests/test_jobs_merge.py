@@ -119,3 +119,58 @@ async def test_a_merged_line_without_its_answer_gets_it_on_the_next_batch(tmp_pa
     assert second.request_counts.completed == 6
     assert isinstance(result, BatchChatCompletionResponse)
     assert [r.text for r in result.batch] == [f"echo: q{i % 2}" for i in range(6)]
+
+
+async def test_usage_of_a_batch_reusing_results_counts_only_what_it_generated(
+    tmp_path: Path,
+) -> None:
+    """``usage`` sums the answers generated for this batch: lines copied from
+    ``reuse_results_from`` generated nothing here."""
+    from batchclient.testing import Fault, StubReply
+
+    lines = [line(f"r{i}", f"q{i} a b c", temperature=0) for i in range(6)]
+    refuse_once = Fault(StubReply(status=400, body={"error": {"message": "no"}}), "q3", 1, 1)
+    with StubServer(faults=[refuse_once]) as stub:
+        async with client(stub, tmp_path) as c:
+            first = await run_file(c, lines)
+            second = await run_file(c, lines, reuse_results_from=first.id)
+            result = await c.job_result(second.id)
+    assert first.request_counts.failed == 1 and second.request_counts.completed == 6
+    assert stub.stats.requests == 6 + 1  # the second batch sent only the refused line
+    # the stub counts one token per word: "q3 a b c" in, "echo: q3 a b c" out
+    assert (second.usage.input_tokens, second.usage.output_tokens) == (4, 5)
+    assert second.usage.total_tokens == 9
+    assert (first.usage.input_tokens, first.usage.output_tokens) == (5 * 4, 5 * 5)
+    assert isinstance(result, BatchChatCompletionResponse)
+    assert [r.text for r in result.batch] == [f"echo: q{i} a b c" for i in range(6)]
+
+
+async def test_items_of_a_job_result_carry_their_latency(tmp_path: Path) -> None:
+    """``job_result`` items carry the ``latency`` metric as the same call's items do, for every
+    endpoint, after a restart too (it is stored with the row); merged lines carry their
+    answer's."""
+    lines = [line(f"r{i}", f"q{i % 3}", temperature=0) for i in range(6)]
+    embed = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "smollm2", "input": f"text {i}"},
+            }
+        )
+        for i in range(3)
+    ]
+    with StubServer(latency_s=0.02) as stub:
+        async with client(stub, tmp_path) as c:
+            chat = await run_file(c, lines)
+            emb = await run_file(c, embed, endpoint="/v1/embeddings")
+            call = await c.batch_chat_completion("smollm2", [[{"role": "user", "content": "x"}]])
+        async with client(stub, tmp_path) as c:  # read back from SQLite by a new client
+            chat_result = await c.job_result(chat.id)
+            emb_result = await c.job_result(emb.id)
+    assert (call.batch[0].metric("latency") or 0) >= 0.02
+    latencies = [r.metric("latency") for r in chat_result.batch]
+    assert all(v is not None and v >= 0.02 for v in latencies), latencies
+    assert latencies[3:] == latencies[:3]  # merged lines: their answer's latency
+    assert all((r.metric("latency") or 0) >= 0.02 for r in emb_result.batch)

@@ -226,3 +226,18 @@ def test_errors_point_at_exactly_the_bad_lines(spec: list[tuple[str, str, str, s
         assert codes(report) == [("empty_file", None, None)]
     else:
         assert [e.line for e in report.errors] == bad_lines
+
+
+def test_every_batch_status_is_either_active_or_terminal() -> None:
+    from batchclient import BatchStatus
+
+    assert set(BatchStatus) == BatchStatus.ACTIVE | BatchStatus.TERMINAL
+    assert not BatchStatus.ACTIVE & BatchStatus.TERMINAL
+    assert [s for s in BatchStatus if s.terminal] == [
+        BatchStatus.completed,
+        BatchStatus.failed,
+        BatchStatus.cancelled,
+        BatchStatus.expired,
+    ]
+    assert all(s.active != s.terminal for s in BatchStatus)
+    assert "completed" in BatchStatus.TERMINAL and "cancelling" in BatchStatus.ACTIVE

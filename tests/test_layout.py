@@ -1,8 +1,18 @@
 """The package's folders are the data path, and imports flow one way along it.
 
-Every module of ``src/batchclient`` has a layer; a module may import only modules of its own
-layer or below, and there is no import cycle at all. Imports inside functions count; imports
-under ``if TYPE_CHECKING:`` do not (they never run). ``docs/design.md`` draws the layers.
+Three rules over the modules of ``src/batchclient`` (``docs/design.md`` draws the layers):
+
+- **Layers**: every module has a layer; it may import only modules of its own layer or below.
+  Imports inside functions count; imports under ``if TYPE_CHECKING:`` do not (they never run).
+- **No cycle**: no chain of imports leads from a module back to itself, counting every import:
+  at module level, inside functions and under ``if TYPE_CHECKING:``.
+- **Private modules stay in their package**: a module whose dotted path has a private part
+  (``_name``) belongs to the package that holds the first such part, and only modules inside
+  that package import it. ``jobs._store`` is imported only by ``jobs`` and its modules; the
+  others import what ``jobs/__init__.py`` exports. The underscore packages and modules at the
+  top (``_core``, ``_routing``, ``_tools``, ``_cpu``, ``_logs``, ``_version``) belong to the
+  whole package, so any module may import them (the layers still apply), and ``cli._bench``
+  belongs to ``cli``.
 """
 
 from __future__ import annotations
@@ -24,13 +34,21 @@ LAYERS: list[tuple[str, int]] = [
     ("errors", 0),
     ("_logs", 0),
     ("_version", 0),
+    ("_redact", 0),  # secrets out of URLs shown or stored: remote, batchapi
     ("types", 1),
+    ("_state", 1),  # SQLite for every store: opening, migrations
+    ("_invalid", 1),  # validation errors in the caller's words: core, server
     ("models", 1),
+    ("_engine_defaults", 1),  # every engine's hardware-chosen defaults: inline, server, Ray
     ("datasets", 2),
     ("protocol", 2),
     ("_core.request", 2),
+    ("_cpu", 2),  # binds engine threads by _engine_defaults' rule
     ("_tools", 3),
+    ("_routing", 3),  # the replica router and retry policy, shared by providers
     ("_core.checks", 3),
+    ("_core.calls", 3),
+    ("_core.prompt_tokens", 2),  # counts prompt tokens of any body: errors only
     ("_core.encode", 4),
     ("_core.decode", 4),
     ("_core.scheduler", 5),
@@ -45,9 +63,10 @@ LAYERS: list[tuple[str, int]] = [
     ("server", 10),  # over any provider and the jobs; no provider of its own
     ("testing", 11),
     ("distributed", 11),
-    ("integrations", 11),
-    ("cli", 12),
-    ("", 13),  # the package's __init__
+    ("_registry", 12),  # provider names -> every provider above
+    ("integrations", 13),
+    ("cli", 14),
+    ("", 15),  # the package's __init__
 ]
 
 
@@ -70,14 +89,17 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
-    """The batchclient modules ``module`` imports at run time (names relative to the package)."""
+def imports_of(
+    path: Path, module: str, modules: set[str], *, type_checking: bool = False
+) -> set[str]:
+    """The batchclient modules ``module`` imports at run time (names relative to the package);
+    with ``type_checking``, those under ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -107,10 +129,27 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
 
 
 @functools.cache
-def graph() -> dict[str, set[str]]:
+def graph(type_checking: bool = False) -> dict[str, set[str]]:
     modules = {module_name(p): p for p in ROOT.rglob("*.py")}
     names = set(modules)
-    return {name: imports_of(path, name, names) & names for name, path in modules.items()}
+    return {
+        name: imports_of(path, name, names, type_checking=type_checking) & names
+        for name, path in modules.items()
+    }
+
+
+def owner(module: str) -> str | None:
+    """The package a private module belongs to (the parent of its first ``_`` part; ``""``
+    is the whole package), or None for a module without a private part."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_"):
+            return ".".join(parts[:i])
+    return None
+
+
+def inside(module: str, package: str) -> bool:
+    return package == "" or module == package or module.startswith(package + ".")
 
 
 def test_every_module_has_a_layer_and_imports_only_its_layer_or_below() -> None:
@@ -123,8 +162,29 @@ def test_every_module_has_a_layer_and_imports_only_its_layer_or_below() -> None:
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def test_private_modules_are_imported_only_inside_their_package() -> None:
+    wrong = [
+        f"{a} imports {b} (private to {owner(b)})"
+        for a, targets in graph(type_checking=True).items()
+        for b in targets
+        if (package := owner(b)) is not None and not inside(a, package)
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_private_rule_catches_what_it_should() -> None:
+    assert owner("jobs._store") == "jobs"
+    assert owner("_core.request") == ""
+    assert owner("cli._bench._run") == "cli"
+    assert owner("integrations.lm_eval._model") == "integrations.lm_eval"
+    assert owner("remote") is None
+    assert not inside("batchapi._parts", "jobs")
+    assert inside("jobs._runner", "jobs") and inside("jobs", "jobs")
+    assert inside("distributed._provider", "")
+
+
 def test_there_is_no_import_cycle() -> None:
-    edges = graph()
+    edges = graph(type_checking=True)
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[str] = []

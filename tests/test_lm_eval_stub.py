@@ -14,6 +14,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from batchclient import BatchFailedError, ConfigurationError
+from batchclient.cache import ResultCache
 from batchclient.cli._lm_eval import lm_eval_command, model_args
 from batchclient.integrations.lm_eval import BatchClientLM
 from batchclient.models import bundled_model_path
@@ -62,6 +63,26 @@ def test_a_rerun_of_the_same_requests_sends_nothing(tmp_path: Path) -> None:
     assert stub.stats.requests == sent + 1 + 2  # only the new pair, then the uncached run
     assert [s for s, _ in scores] == pytest.approx([expected(c, x) for c, x in PAIRS])
     assert more[: len(PAIRS)] == scores and len(more) == len(PAIRS) + 1
+
+
+def test_the_answers_are_the_result_caches_entries(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        with lm(stub, tmp_path) as first:
+            scores = first.loglikelihood(instances("loglikelihood", PAIRS))
+        cache = ResultCache(tmp_path / "batchclient.sqlite3")
+        stats = cache.stats()
+        assert (stats.entries, [m.model for m in stats.models]) == (len(PAIRS), ["smollm2"])
+        assert cache.clear(model="smollm2") == len(PAIRS)  # `batchclient cache clear` does this
+        cache.close()
+        sent = stub.stats.requests
+        with lm(stub, tmp_path) as again:
+            assert again.loglikelihood(instances("loglikelihood", PAIRS)) == scores
+        assert stub.stats.requests == 2 * sent  # nothing kept elsewhere: all sent again
+        with lm(stub, tmp_path) as third:
+            third.loglikelihood(instances("loglikelihood", PAIRS))
+        assert stub.stats.requests == 2 * sent
+    hits = ResultCache(tmp_path / "batchclient.sqlite3").stats().hits
+    assert hits == len(PAIRS) and not (tmp_path / "lm_eval.sqlite3").exists()
 
 
 def test_a_failed_request_stops_the_eval_and_keeps_every_other_answer(tmp_path: Path) -> None:

@@ -144,3 +144,15 @@ async def test_batches_list_pages_with_an_exclusive_cursor(tmp_path: Path) -> No
         assert [b.id for b in await client.batches.list()] == newest_first
         page = await client.batches.list(limit=2, after=newest_first[1])
         assert [b.id for b in page] == newest_first[2:4]
+
+
+async def test_chat_hands_each_item_to_on_item_as_it_finishes(tmp_path: Path) -> None:
+    seen: dict[int, str | None] = {}
+    async with BatchClient(Echo(), state_dir=tmp_path) as client:
+        result = await client.batch_chat_completion(
+            "echo",
+            [convo(f"t{i}") for i in range(10)],
+            on_item=lambda i, item: seen.__setitem__(i, item.text),
+        )
+    assert seen == {i: f"t{i}" for i in range(10)}
+    assert [item.text for item in result.batch] == [seen[i] for i in range(10)]

@@ -1,12 +1,14 @@
 """``RayBatchInference`` on a real local Ray cluster: two replicas of the bundled model, each an
 engine with a small KV cache bound to its own core. Ordered results, per-item errors,
-cancellation, the Ray Data adapter, a job resumed after its client process is killed, and a
-replica killed mid-batch (last: it leaves one replica). Start-up takes one to several minutes on
-2 busy cores."""
+cancellation, every endpoint the inline engine serves (completions, scoring, and embeddings on
+one pooling replica) with the inline engine's answers, the Ray Data adapter, a job resumed after
+its client process is killed, and a replica killed mid-batch (last: it leaves one replica).
+Start-up takes one to several minutes on 2 busy cores."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -20,7 +22,14 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import RayBatchInference, SamplingParams
+from batchclient import (
+    ConfigurationError,
+    ModelNotFoundError,
+    RayBatchInference,
+    SamplingParams,
+    VLLMBatchInference,
+)
+from batchclient.types import Endpoint
 from jobs_util import done_in_db, line, read_jsonl, wait_sync
 
 # engine start-up alone takes minutes on 2 busy cores: more than the default 600 s per test
@@ -100,6 +109,97 @@ async def test_cancellation_aborts_in_the_actors(ray_client: RayBatchInference) 
         await anyio.sleep(0.5)
         counts = await idle(ray_client)
     assert counts == [(0, 0, 0), (0, 0, 0)]
+
+
+async def test_completions_are_the_inline_engines(
+    ray_client: RayBatchInference, inline_client: VLLMBatchInference
+) -> None:
+    """Greedy, one prompt per call on both (an engine running one request computes the same
+    numbers whatever else it served: bfloat16 results move with the batch around them)."""
+    assert ray_client.provider.endpoints == {Endpoint.chat_completions, Endpoint.completions}
+    greedy = SamplingParams(max_tokens=8)
+    for prompt in ["The capital of France is", "1, 2, 3,", "Once upon a time"]:
+        ours = await ray_client.batch_completion(MODEL, [prompt], greedy)
+        theirs = await inline_client.batch_completion(MODEL, [prompt], greedy)
+        assert ours.batch[0].error is None and ours.batch[0].content
+        assert ours.batch[0].content == theirs.batch[0].content, prompt
+
+
+async def test_scoring_uses_the_engines_tokenizer_and_gives_the_inline_scores(
+    ray_client: RayBatchInference, inline_client: VLLMBatchInference
+) -> None:
+    ray_tok = await ray_client.provider.tokenizer(MODEL)
+    inline_tok = await inline_client.provider.tokenizer(MODEL)
+    texts = ["The capital of France is Paris", " Paris", "héllo wörld"]
+    assert await ray_tok.encode(texts) == await inline_tok.encode(texts)
+    ray_info, inline_info = await ray_tok.info(), await inline_tok.info()
+    assert (ray_info.bos_token_id, ray_info.eos_token_id, ray_info.max_model_len) == (
+        inline_info.bos_token_id,
+        inline_info.eos_token_id,
+        1024,  # the replicas' own context, not the inline engine's 2048
+    )
+    with pytest.raises(ModelNotFoundError):
+        await ray_client.provider.tokenizer("nope")
+
+    pairs: list[Any] = [
+        ("The capital of France is", " Paris"),
+        ("The capital of France is", " a banana"),
+        ([504, 3575, 282, 4649, 314], [7042]),
+    ]
+    ours = await ray_client.batch_loglikelihood(MODEL, pairs)
+    theirs = await inline_client.batch_loglikelihood(MODEL, pairs)
+    rolling = ["One, two, three, four, five, six."]
+    ours_rolling = await ray_client.batch_loglikelihood_rolling(MODEL, rolling)
+    theirs_rolling = await inline_client.batch_loglikelihood_rolling(MODEL, rolling)
+    # bfloat16 scores move with the batch around them (a few hundredths here): within a
+    # tolerance, token counts exact
+    for mine, other in zip(
+        ours.batch + ours_rolling.batch, theirs.batch + theirs_rolling.batch, strict=True
+    ):
+        assert mine.error is None and other.error is None
+        assert mine.num_tokens == other.num_tokens
+        assert mine.logprob == pytest.approx(other.logprob, rel=0.02, abs=0.05)
+    paris, banana = ours.batch[0].logprob, ours.batch[1].logprob
+    assert paris is not None and banana is not None and paris > banana
+
+    # what the result cache and dry runs ask: the inline provider's answers, as "ray"
+    inline_identity = await inline_client.provider.cache_identity(MODEL)
+    identity = await ray_client.provider.cache_identity(MODEL)
+    assert identity["provider"] == "ray" and identity["model_path"] == inline_identity["model_path"]
+    path = await ray_client.provider.tokenizer_path(MODEL)
+    assert path is not None and path == await inline_client.provider.tokenizer_path(MODEL)
+
+
+async def test_pooling_replicas_embed_as_the_inline_engine(
+    ray_client: RayBatchInference, pooling_client: VLLMBatchInference
+) -> None:
+    """One embedding replica on the same cluster (its own client, closed at the end so the
+    resume test below finds a free Ray CPU)."""
+    texts = ["A cat sat on the mat.", "A kitten rested on the rug.", "Stock prices fell today."]
+    async with RayBatchInference(
+        replicas=1,
+        runner="pooling",
+        convert="embed",
+        max_model_len=1024,
+        kv_cache_memory_bytes=KV,
+        max_concurrency=64,
+        cores_per_replica=1,
+    ) as pooled:
+        assert pooled.provider.endpoints == {Endpoint.embeddings}
+        ours = await pooled.batch_embeddings(MODEL, texts)
+        with pytest.raises(ConfigurationError, match="/v1/completions"):
+            await pooled.batch_completion(MODEL, ["x"])
+    theirs = await pooling_client.batch_embeddings(MODEL, texts)
+    assert not ours.errors and not theirs.errors
+    for mine, other in zip(ours.batch, theirs.batch, strict=True):
+        # bfloat16 rounding moves with the batching, not the vector (tests/test_embeddings.py)
+        assert len(mine.vector) == 576 and cosine(mine.vector, other.vector) >= 0.999
+        assert mine.metric("prompt_tokens") == other.metric("prompt_tokens")
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
 async def test_ray_data_adapter_gives_every_row_an_answer_or_an_error(
@@ -188,6 +288,9 @@ async def test_a_killed_replica_loses_no_item_and_leaves_no_shared_memory(
     assert all(r.text for r in result.batch)
     stats = {s.url: s for s in provider._dispatcher.stats()}  # type: ignore[union-attr]
     assert stats["ray-replica-0"].ejected
+    # the scoring calls' tokenizer is asked of the replica still in service
+    scored = await ray_client.batch_loglikelihood(MODEL, [("One, two,", " three")])
+    assert scored.batch[0].error is None and (scored.batch[0].num_tokens or 0) >= 1
     deadline = time.monotonic() + 60
     while any(p.exists() for p in shm) and time.monotonic() < deadline:
         await anyio.sleep(0.5)

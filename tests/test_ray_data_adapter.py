@@ -10,10 +10,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from batchclient import ConfigurationError, Provider, RayProvider, Request, Result, failed
+from batchclient import (
+    ConfigurationError,
+    Provider,
+    RayProvider,
+    Request,
+    Result,
+    VLLMProvider,
+    failed,
+)
 from batchclient.cli._run import add_run_arguments, make_provider
 from batchclient.errors import ErrorCode
 from batchclient.integrations.ray_data import OUTPUT_COLUMNS, ChatPredictor
+from batchclient.types import Endpoint
 
 
 class Echo(Provider):
@@ -107,7 +116,26 @@ def test_ray_provider_arguments_are_checked_before_anything_starts() -> None:
         RayProvider(cores_per_replica=0)
     provider = RayProvider(replicas=3, max_concurrency=8)
     assert provider.window() == 24
-    assert provider.identity() == {"provider": "ray", "model": "smollm2"}
+    # the replicas' dtype (by this CPU) changes answers: part of the identity
+    dtype = VLLMProvider().dtype
+    assert provider.identity() == {"provider": "ray", "model": "smollm2", "dtype": dtype}
+
+
+async def test_ray_provider_serves_what_its_engines_serve() -> None:
+    """Before the replicas report, the engine arguments decide, as for the inline provider:
+    chat, completions and scoring, or embeddings on a pooling engine."""
+    generate = RayProvider()
+    assert generate.endpoints == {Endpoint.chat_completions, Endpoint.completions}
+    pooling = RayProvider(runner="pooling", convert="embed")
+    assert pooling.endpoints == {Endpoint.embeddings}
+    assert pooling.identity() == {
+        "provider": "ray",
+        "model": "smollm2",
+        "dtype": VLLMProvider().dtype,
+        "runner": "pooling",
+    }
+    with pytest.raises(ConfigurationError, match="not running"):
+        await generate.tokenizer("smollm2")
 
 
 def test_cli_builds_a_ray_provider() -> None:

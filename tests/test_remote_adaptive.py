@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from batchclient.remote._adaptive import AdaptiveLimit, AdaptiveSettings
+from batchclient._routing.adaptive import AdaptiveLimit, AdaptiveSettings
 
 
 class Clock:
@@ -73,28 +73,56 @@ def test_one_cut_per_cooldown_and_none_for_requests_sent_before_the_cut() -> Non
     assert c.limit == 25
 
 
-def test_between_cuts_a_throttle_caps_the_limit_at_what_was_in_flight_beside_it() -> None:
+def test_a_throttle_sets_the_limit_to_what_the_server_was_serving() -> None:
+    """A refusal shows the capacity: the limit goes to it at once (no cut to 80 % of it: a
+    refusal that came after a full service time means the server is full, not overloaded)."""
     c, clock = controller(initial=30, cooldown_s=1.0)
     clock.t = 10.0
-    assert c.on_throttle(sent_at=9.0, in_flight_beside=29)  # a cut: 30 * 0.8
-    assert c.limit == 24
-    for _ in range(30):
-        c.on_success(sent_at=10.1, saturated=True)
-    assert c.limit == 25
-    clock.t = 10.5  # inside the cool-down: no cut, but no more than the server just held
-    assert not c.on_throttle(sent_at=10.2, in_flight_beside=23)
-    assert c.limit == 23
-    assert not c.on_throttle(sent_at=10.3, in_flight_beside=20)  # same burst: ignored
-    assert c.limit == 23
-    clock.t = 10.6
-    assert not c.on_throttle(sent_at=10.55, in_flight_beside=30)  # never raises it
-    assert c.limit == 23
+    assert c.on_throttle(sent_at=9.0, served=24)
+    assert (c.limit, c.ceiling, c.cuts) == (24, 24, 1)
+    clock.t = 10.5  # inside the cool-down too: never above what the server just served
+    assert c.on_throttle(sent_at=10.2, served=20)
+    assert c.limit == 20
+    assert not c.on_throttle(sent_at=10.1, served=5)  # the same burst: ignored
+    assert c.limit == 20
+
+
+def test_a_throttle_within_what_the_server_served_cuts_once_per_cooldown() -> None:
+    """Refused while the limit was no more than what the server was serving: not this
+    client's concurrency (another client, a rate): a multiplicative cut, once per cool-down."""
+    c, clock = controller(initial=20, cooldown_s=1.0)
+    clock.t = 10.0
+    assert c.on_throttle(sent_at=9.0, served=25)
+    assert c.limit == 16 and c.ceiling is None
+    clock.t = 10.5
+    assert not c.on_throttle(sent_at=10.2, served=25)
+    assert c.limit == 16
+    clock.t = 11.2
+    assert c.on_throttle(sent_at=11.1, served=16)
+    assert c.limit == 12
+
+
+def test_two_probes_that_hold_restart_slow_start() -> None:
+    """A server that grew (24 -> 48 in flight): once two probes above the old ceiling hold,
+    the limit doubles per round trip again instead of creeping up 5 % per round."""
+    c, clock = controller(initial=30, cooldown_s=1.0)
+    clock.t = 10.0
+    c.on_throttle(sent_at=9.0, served=24)
+    for t in (11.1, 12.2):
+        clock.t = t
+        for _ in range(30):
+            c.on_success(sent_at=t, saturated=True)
+    assert c.ceiling is None and c.slow_start
+    for _ in range(2):  # two round trips at the limit
+        for _ in range(c.limit):
+            c.on_success(sent_at=12.2, saturated=True)
+    assert c.limit >= 48
 
 
 def test_growth_probes_the_capacity_ceiling_one_step_per_cooldown() -> None:
     c, clock = controller(initial=30, cooldown_s=1.0)
     clock.t = 10.0
-    c.on_throttle(sent_at=9.0, in_flight_beside=24)  # the server held 24
+    c.on_throttle(sent_at=9.0, served=24)  # the server held 24
     assert (c.limit, c.ceiling) == (24, 24)
     clock.t = 10.2
     for _ in range(100):  # a whole cool-down's successes: no step above the ceiling yet
@@ -107,7 +135,7 @@ def test_growth_probes_the_capacity_ceiling_one_step_per_cooldown() -> None:
         c.on_success(sent_at=11.0, saturated=True)
     assert c.limit == 25
     clock.t = 11.2
-    assert not c.on_throttle(sent_at=11.15, in_flight_beside=24)  # probe refused: cap, no cut
+    assert not c.on_throttle(sent_at=11.15, served=24)  # probe refused: cap, no cut
     assert (c.limit, c.cuts) == (24, 1)
     # a server that grew: two probes hold, the ceiling is forgotten and growth is additive again
     for t in (12.3, 13.4):
@@ -123,9 +151,9 @@ def test_growth_probes_the_capacity_ceiling_one_step_per_cooldown() -> None:
 def test_an_unexpected_throttle_below_the_ceiling_cuts() -> None:
     c, clock = controller(initial=30, cooldown_s=1.0)
     clock.t = 10.0
-    c.on_throttle(sent_at=9.0, in_flight_beside=24)
+    c.on_throttle(sent_at=9.0, served=24)
     clock.t = 12.0  # capacity shrank (another client): a throttle at 24 with 11 beside
-    assert c.on_throttle(sent_at=11.0, in_flight_beside=11)
+    assert c.on_throttle(sent_at=11.0, served=11)
     assert c.limit == 11 and c.cuts == 2
 
 

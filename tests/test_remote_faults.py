@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from batchclient import BatchProgress, ModelNotFoundError, RemoteBatchInference, SamplingParams
+from batchclient._routing.retry import RetryWait
 from batchclient.errors import BatchFailedError
 from batchclient.remote import RetryPolicy
-from batchclient.remote._retry import RetryWait
 from batchclient.testing import Fault, StubReply, StubServer
 
 FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}

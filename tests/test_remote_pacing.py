@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchclient import RemoteBatchInference, SamplingParams
+from batchclient._routing.quota import HeaderQuota, parse_duration
 from batchclient.remote import RetryPolicy
-from batchclient.remote._quota import HeaderQuota, parse_duration
 from batchclient.testing import StubReply, StubServer
 from batchclient.testing import _stub as stub_module
 

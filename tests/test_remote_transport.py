@@ -18,7 +18,7 @@ import psutil
 import pytest
 import trustme
 
-from batchclient import ConfigurationError, RemoteBatchInference
+from batchclient import BatchAPIBatchInference, ConfigurationError, RemoteBatchInference
 from batchclient.remote import HttpOptions, RetryPolicy
 from batchclient.testing import StubServer
 from rawnet import MODELS, ForwardProxy, Seen, answering, completion, ok, read_request, serve
@@ -124,6 +124,60 @@ async def test_an_upstream_error_echoing_the_key_is_stored_redacted(tmp_path: Pa
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())  # noqa: ASYNC240
     assert b"[redacted]" in stored and SECRET.encode() not in stored
     assert batch.error_file_id is not None
+
+
+@pytest.mark.parametrize("name", ["api_key", "Token", "x-api-key", "sig", "X-Amz-Signature"])
+async def test_a_secret_in_the_query_never_reaches_the_state_or_the_logs(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upstream whose 400 echoes its request line (query included): a secret-named query
+    parameter's value is nowhere in the result, the database, the error file or the logs,
+    even a short one that the literal scrubbing would skip; the other parameters stay."""
+    short = "s3cr1"  # under the literal scrubber's 6 characters: only the name protects it
+
+    def echo(head: bytes, body: bytes) -> bytes:
+        payload = b'{"error": {"message": "no route: %s"}}' % head.split(b"\r\n")[0]
+        return b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+
+    caplog.set_level("DEBUG")
+    async with serve(answering(echo)) as port:
+        base = f"{url(port)}?api-version=2024&{name}={SECRET}&auth={short}"
+        async with RemoteBatchInference(
+            base, max_retries=0, check_model=False, state_dir=tmp_path
+        ) as client:
+            result = await client.batch_chat_completion("m", CONVO)
+            line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}\n'  # noqa: E501
+            batch = await client.batches.create((await client.files.create(line)).id)
+            batch = await client.batches.wait(batch.id)
+            shown = [client.base_url, str(client.provider.identity()), str(client.endpoint_stats())]
+    err = result.batch[0].error
+    assert err is not None and err.status_code == 400
+    assert f"api-version=2024&{name}=[redacted]&auth=[redacted]" in err.message
+    assert batch.error_file_id is not None
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())  # noqa: ASYNC240
+    assert b"[redacted]" in stored
+    for text in [err.message, *shown, caplog.text, stored.decode("utf-8", "replace")]:
+        assert SECRET not in text and short not in text
+
+
+async def test_the_batch_api_client_never_shows_or_stores_url_secrets(tmp_path: Path) -> None:
+    """The Batch API client's URL as shown and kept in a job's provider identity, and its
+    connection errors: no userinfo, no secret-named query value."""
+    base = f"http://user:{SECRET}@127.0.0.1:9/v1?sig={SECRET}"
+    client = BatchAPIBatchInference(base, state_dir=tmp_path, max_retries=0)
+    shown = [client.base_url, str(client.provider.identity())]
+    with pytest.raises(ConfigurationError) as bad:
+        BatchAPIBatchInference(f"ftp://user:{SECRET}@host/v1?token={SECRET}")
+    for text in [*shown, str(bad.value)]:
+        assert SECRET not in text, text
+    assert client.base_url == "http://127.0.0.1:9/v1?sig=[redacted]"
+
+
+@pytest.mark.parametrize("bad", ["http://[::1", f"http://u:{SECRET}@[::1/v1?key={SECRET}"])
+def test_an_unparsable_url_is_a_configuration_error_without_its_secrets(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="not a valid URL") as raised:
+        RemoteBatchInference(bad)
+    assert "IPv6" in str(raised.value) and SECRET not in str(raised.value)
 
 
 # ---------------------------------------------------------------------------- proxies

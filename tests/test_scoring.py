@@ -164,7 +164,9 @@ def test_token_pairs_need_no_tokenizer_and_text_pairs_do() -> None:
 
 
 def test_requests_over_the_context_are_refused_before_sending() -> None:
-    reqs = loglikelihood_requests("m", [([1] * 10, [2] * 5), ([1] * 10, [2] * 6)], 16, ["a", "b"])
+    reqs = list(
+        loglikelihood_requests("m", [([1] * 10, [2] * 5), ([1] * 10, [2] * 6)], 16, ["a", "b"])
+    )
     assert reqs[0].error is None and reqs[0].score_span == (10, 15)
     assert reqs[0].body == {
         "model": "m",

@@ -367,7 +367,11 @@ def test_an_upload_over_the_cap_is_413_and_leaves_nothing(servers: Servers, tmp_
     assert client.files.create(file=("ok.jsonl", b"z" * 900), purpose="batch").bytes == 900
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and ".tmp" in p.name]
     assert leftovers == []
-    too_big = http(url).post("/v1/chat/completions", content=b"{" * (33 << 20))
+    too_big = http(url).post(
+        "/v1/chat/completions",
+        content=b"{" * (33 << 20),
+        headers={"Content-Type": "application/json"},
+    )
     assert too_big.status_code == 413 and is_envelope(too_big)["code"] == "request_too_large"
 
 
@@ -451,12 +455,13 @@ BAD_INPUT = [
      "messages_batch"),
     ("POST", "/batch-inference/chat-completion",
      {"model": "smollm2", "messages_batch": [], "sampling_params": {"max_tokens": -1}}, None,
-     400, "sampling_params.SamplingParams.max_tokens"),
+     400, "sampling_params.max_tokens"),
     ("POST", "/batch-inference/chat-completion",
      {"model": "gpt-9", "messages_batch": [[{"role": "user", "content": "x"}]]}, None, 404,
      "model"),
     ("POST", "/batch-inference/chat-completion",
-     {"model": "smollm2", "messages_batch": [[]], "tool_choice": "required"}, None, 400, None),
+     {"model": "smollm2", "messages_batch": [[]], "tool_choice": "required"}, None, 400,
+     "tool_choice"),
     ("POST", "/batch-inference/jobs", {"file_id": "file-nope"}, None, 404, "file_id"),
     ("POST", "/batch-inference/jobs", {"file": "x"}, None, 400, "file_id"),
     ("GET", "/batch-inference/jobs/batch_nope", None, None, 404, "job_id"),
@@ -471,6 +476,8 @@ def test_bad_input_gets_openai_error_envelopes_never_a_500(url: str, key: str) -
         for method, path, body, headers, status, param in BAD_INPUT:
             content = body if isinstance(body, bytes) else None
             payload = body if isinstance(body, dict) else None
+            if content is not None and headers is None:  # raw bytes sent as JSON
+                headers = {"Content-Type": "application/json"}
             response = client.request(method, path, content=content, json=payload, headers=headers)
             where = f"{method} {path} {str(body)[:60]}"
             assert response.status_code == status, (where, response.text)

@@ -7,7 +7,11 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
 - :class:`RayBatchInference`: vLLM engines as Ray actors, dispatched as remote replicas are;
 - :class:`BatchAPIBatchInference`: a remote OpenAI Batch API (``/v1/files`` + ``/v1/batches``:
   OpenAI's discounted batches, or another ``batchclient serve``), durable and resumable;
-- :class:`BatchClient`: the same protocol over a provider of your own.
+- :class:`AnthropicBatchInference`: Anthropic Message Batches, as durable, with OpenAI bodies;
+- :class:`GeminiBatchInference`: Google's Gemini Batch API, on the same durable machinery;
+- :class:`BatchClient`: the same protocol over a provider of your own;
+- :func:`make_client` / :func:`make_provider`: any of them by provider name (``"remote"``,
+  ``"vllm"``, ``"ray"``, ``"batch-api"``) and options, as ``batchclient run --provider`` does.
 
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
 ``batches``, ``schedule_batch``, ``job_status``, ``job_cancel``, ``job_result``; guide:
@@ -24,6 +28,7 @@ from ._core.client import (
     BatchClient,
 )
 from ._core.provider import (
+    DelegatingProvider,
     Provider,
 )
 from ._core.request import (
@@ -37,13 +42,25 @@ from ._core.tokens import (
     Tokenizer,
     TokenizerInfo,
 )
+from ._registry import (
+    make_client,
+    make_provider,
+)
 from ._version import __version__
 from .batchapi import (
+    AnthropicBatchInference,
+    AnthropicBatchOptions,
+    AnthropicBatchProvider,
     BatchAPIBatchInference,
+    BatchAPIOptions,
     BatchAPIProvider,
+    GeminiBatchInference,
+    GeminiBatchOptions,
+    GeminiBatchProvider,
 )
 from .distributed import (
     RayBatchInference,
+    RayOptions,
     RayProvider,
 )
 from .errors import (
@@ -61,6 +78,7 @@ from .errors import (
 )
 from .inline import (
     VLLMBatchInference,
+    VLLMOptions,
     VLLMProvider,
 )
 from .jobs import (
@@ -76,6 +94,7 @@ from .remote import (
     RateLimits,
     RemoteBatchInference,
     RemoteEndpoint,
+    RemoteOptions,
     RemoteProvider,
     RetryPolicy,
     Timeouts,
@@ -88,6 +107,7 @@ from .types import (
     BatchError,
     BatchErrors,
     BatchEstimate,
+    BatchEta,
     BatchItemError,
     BatchLoglikelihoodResponse,
     BatchOptions,
@@ -136,8 +156,12 @@ from .types import (
 
 __all__ = [
     "AdaptiveConcurrency",
+    "AnthropicBatchInference",
+    "AnthropicBatchOptions",
+    "AnthropicBatchProvider",
     "Batch",
     "BatchAPIBatchInference",
+    "BatchAPIOptions",
     "BatchAPIProvider",
     "BatchChatCompletionResponse",
     "BatchClient",
@@ -147,6 +171,7 @@ __all__ = [
     "BatchError",
     "BatchErrors",
     "BatchEstimate",
+    "BatchEta",
     "BatchFailedError",
     "BatchInference",
     "BatchItemError",
@@ -163,6 +188,7 @@ __all__ = [
     "CompletionMessage",
     "CompletionResponse",
     "ConfigurationError",
+    "DelegatingProvider",
     "Ejection",
     "EmbeddingResponse",
     "EncodingFormat",
@@ -173,6 +199,9 @@ __all__ = [
     "FileNotFoundInStoreError",
     "FileObject",
     "Files",
+    "GeminiBatchInference",
+    "GeminiBatchOptions",
+    "GeminiBatchProvider",
     "GrammarResponseFormat",
     "GreedySamplingStrategy",
     "HFTokenizer",
@@ -193,9 +222,11 @@ __all__ = [
     "Provider",
     "RateLimits",
     "RayBatchInference",
+    "RayOptions",
     "RayProvider",
     "RemoteBatchInference",
     "RemoteEndpoint",
+    "RemoteOptions",
     "RemoteProvider",
     "Request",
     "ResponseFormat",
@@ -220,8 +251,11 @@ __all__ = [
     "TopPSamplingStrategy",
     "UserMessage",
     "VLLMBatchInference",
+    "VLLMOptions",
     "VLLMProvider",
     "__version__",
     "failed",
     "item_error",
+    "make_client",
+    "make_provider",
 ]

@@ -22,6 +22,7 @@ from .types import (
     BatchLoglikelihoodResponse,
     BatchOptions,
     BatchResponse,
+    ChatCompletionResponse,
     CompletionResponse,
     EmbeddingResponse,
     EncodingFormat,
@@ -73,6 +74,7 @@ class BatchInference(Protocol):
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, ChatCompletionResponse], None] | None = None,
         raise_on_error: bool = False,
         cache: bool | None = None,
     ) -> BatchChatCompletionResponse:
@@ -103,6 +105,9 @@ class BatchInference(Protocol):
                 all items, or a list aligned with ``messages_batch`` (None = no logprobs).
             custom_ids: the caller's id per item, echoed as ``ChatCompletionResponse.custom_id``.
             progress: called with a ``BatchProgress`` (at most every 0.2 s, and at the end).
+            on_item: called with ``(index, item)`` as each item finishes (in completion order,
+                on the event loop; keep it quick), e.g. to store results as they come. An
+                exception it raises ends the call. The same for every call below.
             raise_on_error: raise ``BatchFailedError`` (holding the whole result) if any item
                 failed. By default failures are per-item ``error`` entries.
             cache: answer from the result cache of the client's state directory and fill it
@@ -134,6 +139,7 @@ class BatchInference(Protocol):
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, CompletionResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchCompletionResponse:
         """Run one text completion (``/v1/completions``, no chat template) per prompt; return
         the answers in input order (Llama Stack's ``batch_completion``).
@@ -147,10 +153,8 @@ class BatchInference(Protocol):
             response_format: a JSON schema or grammar per item or for all (vLLM endpoints and
                 the inline engine honour it on completions; OpenAI's does not).
             logprobs: ``top_k`` alternatives per generated token, per item or for all.
-            custom_ids, progress, raise_on_error: as for :meth:`batch_chat_completion`.
-            on_item: called with ``(index, item)`` as each item finishes (in completion order,
-                on the event loop; keep it quick), e.g. to store results as they come. An
-                exception it raises ends the call. The same for every call below.
+            custom_ids, progress, on_item, raise_on_error, cache: as for
+                :meth:`batch_chat_completion`.
 
         Returns:
             ``BatchCompletionResponse`` whose ``batch[i]`` answers ``content_batch[i]``
@@ -172,6 +176,7 @@ class BatchInference(Protocol):
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchLoglikelihoodResponse:
         """Score each continuation given its context (lm-evaluation-harness's
         ``loglikelihood``); return the scores in input order.
@@ -206,6 +211,7 @@ class BatchInference(Protocol):
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, LoglikelihoodResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchLoglikelihoodResponse:
         """Score each whole text, for perplexity (lm-evaluation-harness's
         ``loglikelihood_rolling``): the text is cut into windows of the model's context, each
@@ -224,6 +230,7 @@ class BatchInference(Protocol):
         progress: ProgressCallback | None = None,
         on_item: Callable[[int, EmbeddingResponse], None] | None = None,
         raise_on_error: bool = False,
+        cache: bool | None = None,
     ) -> BatchEmbeddingsResponse:
         """Embed each input (``/v1/embeddings``, one request per input); return the vectors in
         input order.

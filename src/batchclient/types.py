@@ -18,7 +18,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable
-from enum import StrEnum
+from enum import StrEnum, nonmember
 from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import (
@@ -38,6 +38,7 @@ __all__ = [
     "BatchError",
     "BatchErrors",
     "BatchEstimate",
+    "BatchEta",
     "BatchItemError",
     "BatchLoglikelihoodResponse",
     "BatchOptions",
@@ -616,6 +617,12 @@ class Endpoint(StrEnum):
     completions = "/v1/completions"
     embeddings = "/v1/embeddings"
 
+    @property
+    def path(self) -> str:
+        """The path below an API root that ends in ``/v1`` (``/chat/completions``): what a
+        client appends to its base URL."""
+        return self.value.removeprefix("/v1")
+
 
 class Job(_Model):
     """A scheduled job (the original protocol's handle): ``job_id`` is the batch's ``id``."""
@@ -649,15 +656,22 @@ class BatchStatus(StrEnum):
     cancelled = "cancelled"
     expired = "expired"
 
+    # The two sets every status falls in, once for the whole package (plain strings, equal to
+    # the members: ``"completed" in BatchStatus.TERMINAL`` and the SQL ``IN`` lists work too).
+    TERMINAL = nonmember(frozenset({"completed", "failed", "cancelled", "expired"}))
+    """The finished statuses: nothing changes after them."""
+    ACTIVE = nonmember(frozenset({"validating", "in_progress", "finalizing", "cancelling"}))
+    """The unfinished statuses: the batch may still be running (or be resumed)."""
+
     @property
     def terminal(self) -> bool:
         """Whether the batch is finished (completed, failed, cancelled or expired)."""
-        return self in _TERMINAL
+        return self in BatchStatus.TERMINAL
 
-
-_TERMINAL = frozenset(
-    {BatchStatus.completed, BatchStatus.failed, BatchStatus.cancelled, BatchStatus.expired}
-)
+    @property
+    def active(self) -> bool:
+        """Whether the batch is unfinished (validating, in progress, finalizing, cancelling)."""
+        return self in BatchStatus.ACTIVE
 
 
 class BatchRequestCounts(_Model):
@@ -704,6 +718,20 @@ class BatchErrors(_Model):
     data: list[BatchError] = Field(default_factory=list)
 
 
+class BatchEta(_Model):
+    """How far a running batch is (not an OpenAI field; see :attr:`Batch.progress`).
+
+    ``completed_fraction``: finished lines (completed + failed) / total, 0 to 1.
+    ``requests_per_s``: lines finished per second, smoothed (an exponentially weighted average
+    of the rate between observations, 30 s time constant, started from finished / elapsed);
+    None before any line finished. ``eta_s``: seconds until every line is finished at that
+    rate (remaining / ``requests_per_s``); None while the rate is unknown."""
+
+    completed_fraction: float
+    requests_per_s: float | None = None
+    eta_s: float | None = None
+
+
 class Batch(_Model):
     """The OpenAI Batch object (``/v1/batches``, ``openai.types.Batch``); timestamps are unix
     seconds."""
@@ -735,12 +763,19 @@ class Batch(_Model):
     ``request_counts.completed``; lines merged into such a request are marked ``cached`` but
     not counted again). Not an OpenAI field: it is left out of the JSON while it is 0, so a
     batch that used no cache has exactly the OpenAI object's fields."""
+    progress: BatchEta | None = None
+    """Completion rate and estimated time to finish while the batch is ``in_progress`` or
+    ``finalizing`` with a known line count (:class:`BatchEta`). Not an OpenAI field: left
+    out of the JSON while None (every other status); the openai SDK keeps it in
+    ``batch.model_extra["progress"]``."""
 
     @model_serializer(mode="wrap")
     def _openai_shape(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.cache_hits:
             data.pop("cache_hits", None)
+        if self.progress is None:
+            data.pop("progress", None)
         return data
 
 

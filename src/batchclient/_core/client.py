@@ -9,11 +9,14 @@ protocol's job calls delegate to them. Guide: ``docs/design.md``.
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
+
+from anyio import CapacityLimiter
 
 from ..cache import number_repeats
 from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
@@ -26,6 +29,7 @@ from ..types import (
     BatchLoglikelihoodResponse,
     BatchOptions,
     BatchResponse,
+    ChatCompletionResponse,
     CompletionResponse,
     EmbeddingResponse,
     EncodingFormat,
@@ -44,13 +48,15 @@ from ..types import (
     ToolDefinition,
     ToolPromptFormat,
 )
+from .calls import check_custom_ids
 from .completions import completion_requests, to_completion_response
-from .decode import to_response
+from .decode import build_response, stage_response
 from .embeddings import embedding_requests, to_embedding_response
 from .encode import chat_requests
+from .prefix import group_by_prefix
 from .provider import Provider
 from .request import Request, Result
-from .scheduler import ProgressTracker, run_requests
+from .scheduler import Execute, ProgressTracker, run_requests
 from .scoring import (
     combine_windows,
     encode_pairs,
@@ -62,6 +68,7 @@ from .scoring import (
 __all__ = ["BatchClient"]
 
 R = TypeVar("R")
+Decode = Callable[[Request, Result], R]
 
 
 class BatchClient:
@@ -172,6 +179,7 @@ class BatchClient:
         *,
         custom_ids: Sequence[str] | None = None,
         progress: ProgressCallback | None = None,
+        on_item: Callable[[int, ChatCompletionResponse], None] | None = None,
         raise_on_error: bool = False,
         cache: bool | None = None,
     ) -> BatchChatCompletionResponse:
@@ -182,6 +190,7 @@ class BatchClient:
         client's switch); an answer from it has the metric ``cached`` (``item.cached``).
         """
         self._manager()
+        self._serves(Endpoint.chat_completions)
         requests = chat_requests(
             model,
             messages_batch,
@@ -197,9 +206,11 @@ class BatchClient:
         batch = await self._run(
             requests,
             len(messages_batch),
-            to_response,
+            stage_response,
             progress,
-            cache=self.cache if cache is None else cache,
+            on_item,
+            self._cache(cache),
+            build=build_response,
         )
         response = BatchChatCompletionResponse(batch=batch)
         if raise_on_error and response.errors:
@@ -252,8 +263,7 @@ class BatchClient:
         self._manager()
         self._serves(Endpoint.completions)
         n = len(requests)
-        if custom_ids is not None and len(custom_ids) != n:
-            raise ConfigurationError(f"custom_ids has {len(custom_ids)} entries for {n} requests")
+        check_custom_ids(custom_ids, n, "requests")
         await self.provider.check_model(model)
         texts = any(isinstance(x, str) for r in requests if isinstance(r, tuple | list) for x in r)
         tokenizer = await self.provider.tokenizer(model) if texts else None
@@ -279,10 +289,7 @@ class BatchClient:
         See :meth:`batchclient.BatchInference.batch_loglikelihood_rolling`."""
         self._manager()
         self._serves(Endpoint.completions)
-        if custom_ids is not None and len(custom_ids) != len(texts):
-            raise ConfigurationError(
-                f"custom_ids has {len(custom_ids)} entries for {len(texts)} texts"
-            )
+        check_custom_ids(custom_ids, len(texts), "texts")
         await self.provider.check_model(model)
         tokenizer = await self.provider.tokenizer(model)
         windows, owners = await rolling_requests(model, texts, tokenizer, custom_ids)
@@ -347,19 +354,26 @@ class BatchClient:
         self,
         requests: Iterable[Request],
         n: int,
-        decode: Callable[[Request, Result], R],
+        decode: Callable[[Request, Result], Any],
         progress: ProgressCallback | None,
         on_item: Callable[[int, R], None] | None = None,
         cache: bool = False,
+        *,
+        build: Callable[[Any], R] | None = None,
     ) -> list[R]:
         """Run ``n`` requests (indexes ``0..n-1``) through the provider (behind the result
         cache with ``cache``); ``decode`` each result into its slot (and hand it to ``on_item``
-        as it finishes). Every slot is filled: the primitive reports every request once."""
+        as it finishes). Every slot is filled: the primitive reports every request once.
+
+        With ``build``, ``decode`` may return a plain ``tuple`` (a checked answer, staged:
+        ``decode.stage_response``) that ``build`` turns into the item; staged items are built
+        at the end, in one go with the cycle collector paused (they are built as they finish
+        when ``on_item`` wants them). A staged item is a success."""
         provider: Provider = self.provider
         if cache:
             provider = await self._manager().cached_provider()
             requests = number_repeats(requests)
-        results: list[R | None] = [None] * n
+        results: list[Any] = [None] * n
         tracker = ProgressTracker(
             total=n, callback=progress, concurrency_limit=provider.concurrency_limit
         )
@@ -373,16 +387,25 @@ class BatchClient:
 
         def on_result(request: Request, result: Result) -> None:
             item = decode(request, result)
+            staged = build is not None and type(item) is tuple
+            if staged and on_item is not None:
+                item, staged = build(item), False  # type: ignore[misc]
             results[request.index] = item
-            tracker.record(result, getattr(item, "error", None) is None)
+            tracker.record(result, staged or getattr(item, "error", None) is None)
             if on_item is not None:
                 on_item(request.index, item)
 
-        await run_requests(execute, requests, window=provider.window(), on_result=on_result)
+        # the in-flight count is read only by progress reports: without them, no wrapper
+        run: Execute = provider.execute if progress is None else execute
+        # requests that share a prefix dispatched together, while the engine caches it
+        grouped = group_by_prefix(requests)
+        await run_requests(run, grouped, window=provider.window(), on_result=on_result)
         tracker.finish()
         missing = [i for i, r in enumerate(results) if r is None]
         assert not missing, f"items without a result: {missing[:10]}"  # the primitive's contract
-        return results  # type: ignore[return-value]
+        if build is not None:
+            _build_staged(results, build)
+        return results
 
     # ------------------------------------------------------------------ the original job calls
 
@@ -405,6 +428,15 @@ class BatchClient:
         that failed after validation (its files could not be written, ...): every committed
         result, and ``batch_failed`` for lines without one."""
         return await self._manager().result(job_id)
+
+    def job_result_pages(
+        self, job_id: str, size: int = 500, limiter: CapacityLimiter | None = None
+    ) -> AsyncIterator[list[ChatCompletionResponse | CompletionResponse | EmbeddingResponse]]:
+        """:meth:`job_result`'s items, ``size`` at a time, in input order: for batches too
+        large to hold as one document (memory stays flat; each page is read in a worker
+        thread; ``limiter``: how many of those threads at once). The job's state is checked
+        when the first page is awaited, which raises what :meth:`job_result` raises."""
+        return self._manager().result_pages(job_id, size, limiter)
 
     # ------------------------------------------------------------------ dry run
 
@@ -445,6 +477,41 @@ class BatchClient:
 
 
 _B = TypeVar("_B", BatchCompletionResponse, BatchLoglikelihoodResponse, BatchEmbeddingsResponse)
+
+
+def eager(decode: Callable[[Request, Result], Any], build: Callable[[Any], R]) -> Decode[R]:
+    """``decode`` whose staged items are built at once: for a ``_run`` of a subclass that
+    decodes elsewhere (one that does not keep finished items while requests are in flight)."""
+
+    def decoded(request: Request, result: Result) -> R:
+        item = decode(request, result)
+        return build(item) if type(item) is tuple else item  # type: ignore[no-any-return]
+
+    return decoded
+
+
+def _build_staged(results: list[Any], build: Callable[[Any], Any]) -> None:
+    """Replace every staged item of ``results`` by ``build(item)``.
+
+    The items outlive the call, so they are handed straight to the cycle collector's oldest
+    generation: the collector is paused while they are built (this loop only allocates; it
+    makes no garbage) and, when nothing else in the process is frozen, ``gc.freeze()`` then
+    ``gc.unfreeze()`` moves them there without the two young collections that would otherwise
+    each scan all of them (at 10,000 answers, about as much CPU as the requests' HTTP). Objects
+    still young at that moment are simply promoted with them."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        for i, item in enumerate(results):
+            if type(item) is tuple:
+                results[i] = build(item)
+        if gc.get_freeze_count() == 0:  # never thaw what someone else froze
+            gc.freeze()
+            gc.unfreeze()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _checked(response: _B, raise_on_error: bool) -> _B:

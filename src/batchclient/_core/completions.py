@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import ConfigurationError, ErrorCode
+from ..errors import ErrorCode
 from ..types import (
     BatchItemError,
     CompletionResponse,
@@ -28,13 +28,12 @@ from ..types import (
     StopReason,
     TokenLogProbs,
 )
+from .calls import aligned, lazy_requests, per_item_sampling
 from .checks import check_answer
-from .decode import FINISH_REASONS, LOGPROB_FLOOR, usage_metrics
+from .decode import FINISH_REASONS, clamp_logprob, usage_metrics
 from .encode import (
-    _aligned,
     _coerce_logprobs,
     _coerce_response_format,
-    _per_item,
     content_to_wire,
     response_format_to_wire,
     sampling_to_wire,
@@ -58,55 +57,46 @@ def completion_requests(
     custom_ids: Sequence[str] | None = None,
 ) -> Iterator[Request]:
     """One ``/v1/completions`` request per prompt. Lists must be aligned with
-    ``content_batch`` (``ConfigurationError`` otherwise); a prompt that is not text (an image)
-    gets an ``invalid_request`` error at its position."""
+    ``content_batch``; every argument is checked now (``ConfigurationError``), the requests are
+    built lazily (:mod:`.calls`). A prompt that is not text (an image) gets an
+    ``invalid_request`` error at its position."""
     n = len(content_batch)
-    params = _per_item(sampling_params, n)
+    params = per_item_sampling(sampling_params, n, _ITEMS)
     formats: list[ResponseFormat | None]
-    formats = _aligned("response_format", response_format, n, _coerce_response_format)
+    formats = aligned("response_format", response_format, n, _ITEMS, _coerce_response_format)
     per_item_logprobs: list[LogProbConfig | None]
-    per_item_logprobs = _aligned("logprobs", logprobs, n, _coerce_logprobs)
-    if custom_ids is not None and len(custom_ids) != n:
-        raise ConfigurationError(f"custom_ids has {len(custom_ids)} entries for {n} prompts")
-    return _requests(model, content_batch, params, formats, per_item_logprobs, custom_ids)
+    per_item_logprobs = aligned("logprobs", logprobs, n, _ITEMS, _coerce_logprobs)
 
-
-def _requests(
-    model: str,
-    content_batch: Sequence[InterleavedContent],
-    params: Sequence[SamplingParams],
-    formats: Sequence[ResponseFormat | None],
-    logprobs: Sequence[LogProbConfig | None],
-    custom_ids: Sequence[str] | None,
-) -> Iterator[Request]:
-    for i, content in enumerate(content_batch):
-        custom_id = custom_ids[i] if custom_ids is not None else None
-        prompt = _prompt_text(content)
+    def build(i: int, custom_id: str | None) -> Request:
+        prompt = _prompt_text(content_batch[i])
         if isinstance(prompt, BatchItemError):
-            yield Request(
+            return Request(
                 index=i,
                 body={"model": model},
                 endpoint=Endpoint.completions,
                 custom_id=custom_id,
                 error=prompt,
             )
-            continue
         body: dict[str, Any] = {"model": model, "prompt": prompt}
         body.update(sampling_to_wire(params[i]))
         fmt = formats[i]
         if fmt is not None:
             body.update(response_format_to_wire(fmt))
-        config = logprobs[i]
+        config = per_item_logprobs[i]
         if config is not None:
             body["logprobs"] = config.top_k
-        schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
-        yield Request(
+        return Request(
             index=i,
             body=body,
             endpoint=Endpoint.completions,
             custom_id=custom_id,
-            response_schema=schema,
+            response_schema=fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None,
         )
+
+    return lazy_requests(n, custom_ids, _ITEMS, build)
+
+
+_ITEMS = "prompts"
 
 
 def _prompt_text(content: Any) -> str | BatchItemError:
@@ -126,28 +116,24 @@ def _prompt_text(content: Any) -> str | BatchItemError:
 def parse_completion_logprobs(choice: dict[str, Any]) -> list[TokenLogProbs] | None:
     """OpenAI's legacy ``choices[0].logprobs`` (``tokens``, ``token_logprobs``,
     ``top_logprobs``) as one ``TokenLogProbs`` per token (echoed prompt positions included;
-    a position without a log-probability, the first of an echoed prompt, is left out)."""
+    a position without a log-probability, the first of an echoed prompt, is left out). Values
+    are clamped (:func:`~.decode.clamp_logprob`); malformed parts are read as absent."""
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("tokens"), list):
         return None
-    tokens, values = lp["tokens"], lp.get("token_logprobs") or []
-    tops = lp.get("top_logprobs") or []
+    tokens, values, tops = lp["tokens"], lp.get("token_logprobs"), lp.get("top_logprobs")
+    values = values if isinstance(values, list) else []
+    tops = tops if isinstance(tops, list) else []
     out: list[TokenLogProbs] = []
     for i, token in enumerate(tokens):
         value = values[i] if i < len(values) else None
         if value is None:
             continue
-        by_token = {
-            str(k): _clamp(v) for k, v in ((tops[i] if i < len(tops) else None) or {}).items()
-        }
-        by_token[str(token)] = _clamp(value)
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        by_token = {str(k): clamp_logprob(v) for k, v in top.items()}
+        by_token[str(token)] = clamp_logprob(value)
         out.append(TokenLogProbs(logprobs_by_token=by_token))
     return out
-
-
-def _clamp(value: Any) -> float:
-    v = float(value)
-    return v if v == v and v > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def to_completion_response(request: Request, result: Result) -> CompletionResponse:

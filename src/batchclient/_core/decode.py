@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -31,8 +32,11 @@ from ..types import (
 from .checks import check_answer
 from .request import Request, Result, error_type, item_error
 
-# OpenAI clamps log-probabilities of impossible tokens to this floor instead of -inf.
 LOGPROB_FLOOR = -9999.0
+"""The lowest log-probability reported: OpenAI's API gives -9999.0 for a token of probability 0
+instead of -inf (JSON has no infinity), and vLLM's OpenAI server does the same
+(``max(logprob, -9999.0)`` in ``vllm/entrypoints/openai/serving_chat.py`` and
+``serving_completion.py``). :func:`clamp_logprob` applies it."""
 
 FINISH_REASONS: dict[str, StopReason] = {
     "stop": StopReason.end_of_turn,
@@ -104,7 +108,11 @@ def number(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _logprob(value: Any) -> float:
+def clamp_logprob(value: Any) -> float:
+    """A log-probability as OpenAI and vLLM report it: a finite number of at least
+    :data:`LOGPROB_FLOOR` (-9999.0). ``-inf``, NaN, ``null``, or anything that is not a number
+    becomes the floor. The one rule for every provider and endpoint (chat and completions
+    answers, the inline engine's mapping, scores)."""
     v = number(value)
     return v if v is not None and v > LOGPROB_FLOOR else LOGPROB_FLOOR
 
@@ -123,9 +131,9 @@ def parse_logprobs(choice: dict[str, Any]) -> list[TokenLogProbs] | None:
             top = entry.get("top_logprobs")
             for alt in top if isinstance(top, list) else ():
                 if isinstance(alt, dict) and isinstance(alt.get("token"), str):
-                    by_token[alt["token"]] = _logprob(alt.get("logprob"))
+                    by_token[alt["token"]] = clamp_logprob(alt.get("logprob"))
             if isinstance(entry.get("token"), str):
-                by_token[entry["token"]] = _logprob(entry.get("logprob"))
+                by_token[entry["token"]] = clamp_logprob(entry.get("logprob"))
         out.append(TokenLogProbs(logprobs_by_token=by_token))
     return out
 
@@ -136,13 +144,29 @@ def usage_metrics(usage: Any) -> list[MetricInResponse]:
 
 
 def _usage_dicts(usage: Any) -> list[dict[str, Any]]:
-    metrics: list[dict[str, Any]] = []
+    return _metric_dicts(_usage_metrics(usage))
+
+
+def _usage_metrics(usage: Any) -> list[Any]:
+    """``metric, value, unit`` (flat) for each token count of an answer's ``usage``."""
+    metrics: list[Any] = []
     if isinstance(usage, dict):
         for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
             value = number(usage.get(name))
             if value is not None:
-                metrics.append({"metric": name, "value": value, "unit": "tokens"})
+                metrics += (name, value, "tokens")
     return metrics
+
+
+def _metric_dicts(flat: Sequence[Any], start: int = 0) -> list[dict[str, Any]]:
+    """The metrics of ``flat[start:]`` (``metric, value, unit`` after one another; a unit of
+    None is left unset) as ``MetricInResponse`` fields."""
+    return [
+        {"metric": flat[i], "value": flat[i + 1]}
+        if flat[i + 2] is None
+        else {"metric": flat[i], "value": flat[i + 1], "unit": flat[i + 2]}
+        for i in range(start, len(flat), 3)
+    ]
 
 
 def _text(content: Any) -> str | None:
@@ -172,12 +196,50 @@ def to_response(request: Request, result: Result) -> ChatCompletionResponse:
     not a usable ChatCompletion becomes ``bad_upstream_response``; tool-call arguments that are
     not an object or do not match the tool's schema become ``invalid_tool_call``; a constrained
     answer that does not match its schema becomes ``invalid_structured_output``."""
+    staged = stage_response(request, result)
+    return staged if isinstance(staged, ChatCompletionResponse) else build_response(staged)
+
+
+StagedResponse = tuple[Any, ...]
+"""A checked plain answer not yet built into its ``ChatCompletionResponse``: ``(text,
+stop_reason, custom_id, metric, value, unit, metric, value, unit, ...)``. One flat tuple of
+atoms, so Python's cycle collector stops tracking it at its first pass over it
+(:func:`stage_response` says why that matters)."""
+
+
+def stage_response(request: Request, result: Result) -> ChatCompletionResponse | StagedResponse:
+    """:func:`to_response` in two steps: every check is done here, and the common answer (text
+    without tool calls or log-probabilities) comes back as a :data:`StagedResponse` that
+    :func:`build_response` turns into the same ``ChatCompletionResponse`` later.
+
+    Why: a batch call keeps every answer until it returns, and each built response is about
+    sixteen objects the cycle collector tracks; its full collections, which a growing batch
+    keeps triggering, rescan all of them, and at 10,000 answers that cost more CPU than the
+    HTTP exchanges. Staged answers are untracked tuples; the caller builds them in one go at
+    the end (``BatchClient._run``)."""
     if result.error is not None:
         return ChatCompletionResponse(error=result.error, custom_id=request.custom_id)
     try:
         return _success(request, result)
     except Exception as exc:  # a shape no rule above foresaw: this item's error, not the batch's
         return _bad_answer(request, result, f"unreadable answer ({type(exc).__name__})")
+
+
+def build_response(staged: StagedResponse) -> ChatCompletionResponse:
+    """The ``ChatCompletionResponse`` of a :data:`StagedResponse` (every value in it is
+    already checked: this cannot fail)."""
+    return ChatCompletionResponse.model_validate(
+        {
+            "completion_message": {
+                "content": staged[0],
+                "stop_reason": staged[1],
+                "tool_calls": [],
+            },
+            "logprobs": None,
+            "metrics": _metric_dicts(staged, 3),
+            "custom_id": staged[2],
+        }
+    )
 
 
 def _bad_answer(request: Request, result: Result, why: str) -> ChatCompletionResponse:
@@ -191,7 +253,7 @@ def _bad_answer(request: Request, result: Result, why: str) -> ChatCompletionRes
     )
 
 
-def _success(request: Request, result: Result) -> ChatCompletionResponse:
+def _success(request: Request, result: Result) -> ChatCompletionResponse | StagedResponse:
     custom_id = request.custom_id
     body = result.body if isinstance(result.body, dict) else {}
     choices = body.get("choices")
@@ -214,13 +276,16 @@ def _success(request: Request, result: Result) -> ChatCompletionResponse:
     if tool_calls:
         stop_reason = StopReason.end_of_message
 
-    metrics = _usage_dicts(body.get("usage"))
+    metrics = _usage_metrics(body.get("usage"))
     if result.ttft_s is not None:
-        metrics.append({"metric": "time_to_first_token", "value": result.ttft_s, "unit": "s"})
+        metrics += ("time_to_first_token", result.ttft_s, "s")
     if result.latency_s is not None:
-        metrics.append({"metric": "latency", "value": result.latency_s, "unit": "s"})
+        metrics += ("latency", result.latency_s, "s")
     if result.cached:
-        metrics.append({"metric": "cached", "value": 1})
+        metrics += ("cached", 1, None)
+    logprobs = parse_logprobs(choice)
+    if not tool_calls and logprobs is None:
+        return (text, stop_reason.value, custom_id, *metrics)
     # one validation of the whole response (nested models built in pydantic-core) costs about
     # a third less than building each model on its own
     return ChatCompletionResponse.model_validate(
@@ -230,8 +295,8 @@ def _success(request: Request, result: Result) -> ChatCompletionResponse:
                 "stop_reason": stop_reason,
                 "tool_calls": tool_calls,
             },
-            "logprobs": parse_logprobs(choice),
-            "metrics": metrics,
+            "logprobs": logprobs,
+            "metrics": _metric_dicts(metrics),
             "custom_id": custom_id,
         }
     )
@@ -247,11 +312,13 @@ _CONTEXT_RE = re.compile(
 
 
 def http_error(status: int, raw: bytes | bytearray | str | None) -> Result:
-    """A non-2xx HTTP answer as a result: the upstream error body is kept (OpenAI batch output:
-    ``response.status_code`` + ``body.error``) and the item gets one of our codes."""
+    """A non-2xx HTTP answer as a result: the upstream error body is kept as is when it is a
+    JSON object (OpenAI batch output: ``response.status_code`` + ``body``), else an OpenAI
+    error envelope around its text; the item gets one of our codes."""
     text = bytes(raw).decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else raw
     text = text or ""
     upstream: dict[str, Any] = {}
+    parsed = None
     try:
         parsed = load_json(text) if text else None
         if isinstance(parsed, dict):
@@ -265,14 +332,14 @@ def http_error(status: int, raw: bytes | bytearray | str | None) -> Result:
     code = classify_http(status, message)
     upstream_type = upstream.get("type")
     upstream_code = upstream.get("code")
-    body = {
+    body = parsed if isinstance(parsed, dict) else {
         "error": {
             "message": message,
             "type": upstream_type if isinstance(upstream_type, str) else error_type(code),
             "param": param,
             "code": upstream_code if isinstance(upstream_code, str | int) else code.value,
         }
-    }
+    }  # fmt: skip
     return Result(
         status_code=status,
         body=body,

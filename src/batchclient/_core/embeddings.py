@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, ErrorCode
 from ..types import BatchItemError, EmbeddingResponse, EncodingFormat, Endpoint
+from .calls import lazy_requests
 from .completions import result_metrics
 from .request import Request, Result, item_error
 
@@ -28,32 +29,33 @@ def embedding_requests(
     encoding_format: EncodingFormat = "float",
     custom_ids: Sequence[str] | None = None,
 ) -> Iterator[Request]:
-    """One ``/v1/embeddings`` request per input (text, or token ids). An empty input, or one
-    that is neither, gets an ``invalid_request`` error at its position."""
+    """One ``/v1/embeddings`` request per input (text, or token ids). ``encoding_format`` and
+    ``custom_ids`` are checked now (``ConfigurationError``), the requests are built lazily
+    (:mod:`.calls`). An empty input, or one that is neither, gets an ``invalid_request`` error
+    at its position."""
     if encoding_format not in ENCODING_FORMATS:
-        raise ConfigurationError(f"encoding_format must be one of {ENCODING_FORMATS}")
-    if custom_ids is not None and len(custom_ids) != len(inputs):
         raise ConfigurationError(
-            f"custom_ids has {len(custom_ids)} entries for {len(inputs)} inputs"
+            f"encoding_format must be one of {ENCODING_FORMATS}, not {encoding_format!r}"
         )
-    for i, value in enumerate(inputs):
-        custom_id = custom_ids[i] if custom_ids is not None else None
-        wire = _input(value)
+
+    def build(i: int, custom_id: str | None) -> Request:
+        wire = _input(inputs[i])
         if isinstance(wire, BatchItemError):
-            yield Request(
+            return Request(
                 index=i,
                 body={"model": model},
                 endpoint=Endpoint.embeddings,
                 custom_id=custom_id,
                 error=wire,
             )
-            continue
-        yield Request(
+        return Request(
             index=i,
             body={"model": model, "input": wire, "encoding_format": encoding_format},
             endpoint=Endpoint.embeddings,
             custom_id=custom_id,
         )
+
+    return lazy_requests(len(inputs), custom_ids, "inputs", build)
 
 
 def _input(value: Any) -> str | list[int] | BatchItemError:

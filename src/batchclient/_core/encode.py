@@ -10,11 +10,12 @@ is an OpenAI body).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from .._invalid import describe
 from ..errors import ConfigurationError, ErrorCode
 from ..types import (
     GrammarResponseFormat,
@@ -40,6 +41,7 @@ from ..types import (
     UserMessage,
     coerce_messages,
 )
+from .calls import aligned, lazy_requests, per_item_sampling
 from .request import Request, item_error
 
 
@@ -253,78 +255,62 @@ def chat_requests(
 
     The arguments are checked now (``ConfigurationError`` for lists whose length is not the
     number of conversations, a tool choice naming no tool, a bad response format); the requests
-    are built lazily. A conversation that cannot become a request (a malformed message) gets an
-    ``invalid_request`` error at its position instead.
+    are built lazily (:mod:`.calls`). A conversation that cannot become a request (a malformed
+    message) gets an ``invalid_request`` error at its position instead.
     """
     n = len(messages_batch)
-    params = _per_item(sampling_params, n)
+    params = per_item_sampling(sampling_params, n, _ITEMS)
     formats: list[ResponseFormat | None]
-    formats = _aligned("response_format", response_format, n, _coerce_response_format)
+    formats = aligned("response_format", response_format, n, _ITEMS, _coerce_response_format)
     per_item_logprobs: list[LogProbConfig | None]
-    per_item_logprobs = _aligned("logprobs", logprobs, n, _coerce_logprobs)
+    per_item_logprobs = aligned("logprobs", logprobs, n, _ITEMS, _coerce_logprobs)
     wire_tools = _wire_tools(tools, tool_choice)
-    fmt = _tool_prompt_format(tool_prompt_format)
-    if custom_ids is not None and len(custom_ids) != n:
-        raise ConfigurationError(f"custom_ids has {len(custom_ids)} entries for {n} conversations")
-    return _chat_requests(
-        model, messages_batch, params, wire_tools, tool_choice, fmt, formats, per_item_logprobs,
-        custom_ids,
-    )  # fmt: skip
-
-
-def _chat_requests(
-    model: str,
-    messages_batch: Sequence[Sequence[MessageLike]],
-    params: Sequence[SamplingParams],
-    tools: list[dict[str, Any]] | None,
-    tool_choice: ToolChoice | str,
-    tool_prompt_format: ToolPromptFormat | None,
-    formats: Sequence[ResponseFormat | None],
-    logprobs: Sequence[LogProbConfig | None],
-    custom_ids: Sequence[str] | None,
-) -> Iterator[Request]:
+    prompt_format = _tool_prompt_format(tool_prompt_format)
     tool_schemas = (
-        {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
-        if tools
+        {t["function"]["name"]: t["function"].get("parameters") or {} for t in wire_tools}
+        if wire_tools
         else None
     )
-    for i, conversation in enumerate(messages_batch):
+
+    def build(i: int, custom_id: str | None) -> Request:
         fmt = formats[i]
-        schema = fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None
-        custom_id = custom_ids[i] if custom_ids is not None else None
         try:
-            messages: list[Message] | list[dict[str, Any]] | None = plain_wire(conversation)
+            messages: list[Message] | list[dict[str, Any]] | None = plain_wire(messages_batch[i])
             if messages is None:
-                messages = coerce_messages(list(conversation))
+                messages = coerce_messages(list(messages_batch[i]))
             if not messages:
                 raise ValueError("the conversation has no messages")
         except (ValidationError, ValueError, TypeError) as exc:
-            yield Request(
+            return Request(
                 index=i,
                 body={"model": model},
                 custom_id=custom_id,
                 error=item_error(
-                    ErrorCode.invalid_request, f"bad conversation: {exc}", param="messages"
+                    ErrorCode.invalid_request, f"bad conversation: {_why(exc)}", param="messages"
                 ),
             )
-            continue
         body = build_body(
             model,
             messages,
             params[i],
-            tools=tools,
+            tools=wire_tools,
             tool_choice=tool_choice,
             response_format=fmt,
-            logprobs=logprobs[i],
+            logprobs=per_item_logprobs[i],
         )
-        yield Request(
+        return Request(
             index=i,
             body=body,
             custom_id=custom_id,
-            response_schema=schema,
+            response_schema=fmt.json_schema if isinstance(fmt, JsonSchemaResponseFormat) else None,
             tool_schemas=tool_schemas,
-            tool_prompt_format=tool_prompt_format,
+            tool_prompt_format=prompt_format,
         )
+
+    return lazy_requests(n, custom_ids, _ITEMS, build)
+
+
+_ITEMS = "conversations"
 
 
 _PLAIN_ROLES = frozenset({"user", "system", "assistant"})
@@ -365,7 +351,7 @@ def _wire_tools(
     try:
         wire = [tool_to_wire(t) for t in tools] if tools else None
     except ValidationError as exc:
-        raise ConfigurationError(f"bad tool definition: {exc}") from exc
+        raise ConfigurationError(f"bad tool definition: {describe(exc)}") from exc
     names = [str(t.get("function", {}).get("name")) for t in wire or ()]
     choice = tool_choice.value if isinstance(tool_choice, ToolChoice) else str(tool_choice)
     if choice == "required" and not wire:
@@ -377,31 +363,7 @@ def _wire_tools(
     return wire
 
 
-def _per_item(
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None, n: int
-) -> Sequence[SamplingParams]:
-    if sampling_params is None:
-        return [SamplingParams()] * n
-    if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * n
-    params = list(sampling_params)
-    if len(params) != n:
-        raise ConfigurationError(f"sampling_params has {len(params)} entries for {n} conversations")
-    return [
-        p if isinstance(p, SamplingParams) else SamplingParams.model_validate(p) for p in params
-    ]
-
-
 _response_format_adapter: TypeAdapter[ResponseFormat] = TypeAdapter(ResponseFormat)
-
-
-def _aligned(name: str, value: Any, n: int, coerce: Callable[[Any], Any]) -> list[Any]:
-    """One value for all ``n`` items, or a list aligned with the conversations."""
-    if isinstance(value, list | tuple):
-        if len(value) != n:
-            raise ConfigurationError(f"{name} has {len(value)} entries for {n} conversations")
-        return [coerce(v) for v in value]
-    return [coerce(value)] * n
 
 
 def _coerce_response_format(fmt: ResponseFormatArg) -> ResponseFormat | None:
@@ -410,7 +372,7 @@ def _coerce_response_format(fmt: ResponseFormatArg) -> ResponseFormat | None:
     try:
         return _response_format_adapter.validate_python(fmt)
     except ValidationError as exc:
-        raise ConfigurationError(f"bad response_format: {exc}") from exc
+        raise ConfigurationError(f"bad response_format: {describe(exc)}") from exc
 
 
 def _coerce_logprobs(config: LogProbConfig | dict[str, Any] | None) -> LogProbConfig | None:
@@ -419,4 +381,9 @@ def _coerce_logprobs(config: LogProbConfig | dict[str, Any] | None) -> LogProbCo
     try:
         return LogProbConfig.model_validate(config)
     except ValidationError as exc:
-        raise ConfigurationError(f"bad logprobs: {exc}") from exc
+        raise ConfigurationError(f"bad logprobs: {describe(exc)}") from exc
+
+
+def _why(exc: Exception) -> str:
+    """An exception's text for a caller: a validation error without pydantic's internals."""
+    return describe(exc) if isinstance(exc, ValidationError) else str(exc)

@@ -4,6 +4,7 @@ A provider turns one :class:`Request` into one :class:`Result`. ``BatchClient`` 
 calls), the jobs and the benchmark use nothing else, so any provider gets ordered
 ``batch_chat_completion`` results, per-item errors, progress and durable, resumable jobs.
 ``docs/design.md`` ("The Provider interface") shows a complete third-party provider.
+:class:`DelegatingProvider` is the base of providers that wrap another one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..types import Endpoint
 from .request import Request, Result
 from .tokens import Tokenizer
 
-__all__ = ["Provider"]
+__all__ = ["DelegatingProvider", "Provider"]
 
 
 class Provider(abc.ABC):
@@ -109,3 +110,55 @@ class Provider(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+class DelegatingProvider(Provider):
+    """A provider that hands every member of the interface to ``inner``; a wrapper subclasses
+    it and overrides only what it changes (``SharedProvider``: ``start`` and ``stop``;
+    ``CachedProvider``: ``execute``). A wrapper that forwarded member by member would quietly
+    answer with :class:`Provider`'s defaults for every hook it forgot, or that was added later
+    (a cache key without the weights, a missing tokenizer).
+
+    ``endpoints`` is read from ``inner`` each time: a provider may learn its endpoints only
+    when it starts (the inline engine finds out then whether it embeds).
+    """
+
+    def __init__(self, inner: Provider) -> None:
+        self.inner = inner
+
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:  # type: ignore[override]  # read-only here
+        return self.inner.endpoints
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def execute(self, request: Request) -> Result:
+        return await self.inner.execute(request)
+
+    def window(self) -> int:
+        return self.inner.window()
+
+    async def check_model(self, model: str) -> None:
+        await self.inner.check_model(model)
+
+    async def models(self) -> list[str]:
+        return await self.inner.models()
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        return await self.inner.tokenizer(model)
+
+    def identity(self) -> dict[str, Any]:
+        return self.inner.identity()
+
+    async def cache_identity(self, model: str) -> dict[str, Any]:
+        return await self.inner.cache_identity(model)
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        return await self.inner.tokenizer_path(model)
+
+    def concurrency_limit(self) -> int | None:
+        return self.inner.concurrency_limit()

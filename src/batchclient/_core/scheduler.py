@@ -62,21 +62,19 @@ async def run_requests(
     if isinstance(requests, AsyncIterable):
         source: AsyncIterator[Request] = _aiter(requests)
         lock: anyio.Lock | None = anyio.Lock()
-        sync_iter = None
+        shared = None
     else:
-        sync_iter = iter(requests)
+        shared = iter(requests)  # one iterator for every worker: pulled without awaiting
         lock = None
-
-    async def next_request() -> Request | None:
-        if sync_iter is not None:
-            return next(sync_iter, None)
-        assert lock is not None
-        async with lock:
-            return await anext(source, None)
 
     async def worker() -> None:
         while True:
-            request = await next_request()
+            if shared is not None:  # inline, not a coroutine: this runs once per request
+                request = next(shared, None)
+            else:
+                assert lock is not None
+                async with lock:
+                    request = await anext(source, None)
             if request is None:
                 return
             if request.error is not None:
@@ -122,7 +120,9 @@ class ProgressTracker:
         if result.cached:
             self.cache_hits += 1
         usage = (result.body or {}).get("usage") if result.body else None
-        if isinstance(usage, dict) and not result.cached:  # a cache hit generated nothing
+        refused = result.status_code is not None and not 200 <= result.status_code < 300
+        # a cache hit generated nothing; a refusal's body (kept as sent) counts for nothing
+        if isinstance(usage, dict) and not result.cached and not refused:
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
         if self.callback is not None:

@@ -27,12 +27,13 @@ changes the score.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, ErrorCode
 from ..types import BatchItemError, Endpoint, LoglikelihoodResponse, ScoringRequest
+from .calls import check_custom_ids, lazy_requests
+from .decode import clamp_logprob
 from .request import Request, Result, item_error
 from .tokens import Tokenizer, TokenizerInfo
 
@@ -231,13 +232,16 @@ def loglikelihood_requests(
     encoded: Sequence[TokenPair | BatchItemError],
     max_model_len: int | None,
     custom_ids: Sequence[str] | None,
-) -> list[Request]:
-    """One scoring request per encoded pair (an encoding error or an over-long prompt is that
-    request's error, reported without being sent)."""
-    return [
-        _scoring_request(i, model, pair, max_model_len, custom_ids[i] if custom_ids else None)
-        for i, pair in enumerate(encoded)
-    ]
+) -> Iterator[Request]:
+    """One scoring request per encoded pair, built lazily (:mod:`.calls`; ``custom_ids`` is
+    checked now). An encoding error or an over-long prompt is that request's error, reported
+    without being sent."""
+    return lazy_requests(
+        len(encoded),
+        custom_ids,
+        "requests",
+        lambda i, custom_id: _scoring_request(i, model, encoded[i], max_model_len, custom_id),
+    )
 
 
 def rolling_windows(tokens: list[int], prefix_token: int, max_seq_len: int) -> list[TokenPair]:
@@ -270,7 +274,9 @@ async def rolling_requests(
 ) -> tuple[list[Request], list[list[int]]]:
     """The scoring requests of every window of every text, and per text the indexes of its
     requests. A text that cannot be scored (empty, not encodable, no prefix token) gets one
-    request that carries its error."""
+    request that carries its error. Raises ``ConfigurationError`` (before encoding anything)
+    for ``custom_ids`` not aligned with ``texts``."""
+    check_custom_ids(custom_ids, len(texts), "texts")
     info = await tokenizer.info()
     limit = info.max_model_len
     # max_model_len - 1 context token - 1 generated token (lm-eval's vllm backend window)
@@ -306,10 +312,6 @@ async def rolling_requests(
     return requests, owners
 
 
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) and value > -9999.0 else -9999.0
-
-
 def _from_prompt_logprobs(
     entries: list[Any], prompt: list[int], start: int, end: int
 ) -> tuple[float, bool]:
@@ -319,9 +321,9 @@ def _from_prompt_logprobs(
     for pos in range(start, end):
         step = entries[pos]
         chosen = step[str(prompt[pos])]
-        logprob = _finite(float(chosen["logprob"]))
+        logprob = clamp_logprob(float(chosen["logprob"]))
         total += logprob
-        best = max(_finite(float(v["logprob"])) for v in step.values())
+        best = max(clamp_logprob(float(v["logprob"])) for v in step.values())
         greedy = greedy and logprob >= best
     return total, greedy
 
@@ -332,10 +334,10 @@ def _from_echo_logprobs(logprobs: dict[str, Any], start: int, end: int) -> tuple
     token_logprobs, top = logprobs["token_logprobs"], logprobs["top_logprobs"]
     total, greedy = 0.0, True
     for pos in range(start, end):
-        logprob = _finite(float(token_logprobs[pos]))
+        logprob = clamp_logprob(float(token_logprobs[pos]))
         total += logprob
         alternatives = top[pos] or {}
-        best = max((_finite(float(v)) for v in alternatives.values()), default=logprob)
+        best = max((clamp_logprob(float(v)) for v in alternatives.values()), default=logprob)
         greedy = greedy and logprob >= best
     return total, greedy
 

@@ -2,7 +2,10 @@
 
 ``POST /files`` (multipart, streamed from disk), ``POST /batches``, ``GET /batches/{id}``,
 ``GET /batches`` (paged), ``POST /batches/{id}/cancel``, ``GET /files/{id}/content`` (streamed to
-disk) and ``GET /models`` (OpenAI API reference: Files, Batch). aiohttp rather than the openai SDK:
+disk) and ``GET /models`` (OpenAI API reference: Files, Batch). Providers that copy that shape
+with small differences (Together, Groq, Mistral) are *flavours*: their paths, file purpose,
+create body, paging and batch objects are translated in :mod:`._flavors`, so what this module
+hands back is always OpenAI's ``Batch``. aiohttp rather than the openai SDK:
 every retry is ours, so a 429's ``Retry-After`` reaches the polling backoff instead of being
 absorbed by the SDK's own retries, and uploads and downloads stream through a fixed buffer
 (``docs/design.md``).
@@ -25,10 +28,12 @@ import aiohttp
 import anyio
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .._redact import redact_url
+from .._routing.retry import parse_retry_after
+from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError
-from ..remote._retry import parse_retry_after
-from ..remote._settings import RetryPolicy
 from ..types import BatchStatus
+from ._flavors import FlavorSpec, create_body, flavor_of, list_params, normalize, read_page
 
 T = TypeVar("T")
 
@@ -73,12 +78,7 @@ class RemoteBatch(BaseModel):
 
     @property
     def terminal(self) -> bool:
-        return self.status in _TERMINAL
-
-
-_TERMINAL = frozenset(
-    {BatchStatus.completed, BatchStatus.failed, BatchStatus.expired, BatchStatus.cancelled}
-)
+        return self.status.terminal
 
 
 class ApiError(Exception):
@@ -106,14 +106,49 @@ def check_header_value(name: str, value: str) -> str:
     return value
 
 
-class BatchAPI:
+class Retrier:
+    """Retries with backoff for a remote batch API's calls: ``max_retries`` retries of a
+    transient :class:`ApiError`, waiting the server's ``Retry-After`` when it sent one."""
+
+    def __init__(self, max_retries: int = 8, retry: RetryPolicy = RetryPolicy()) -> None:
+        self.max_retries = max_retries
+        self.retry = retry
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, retries: int | None = None) -> T:
+        """Run ``fn`` (one attempt), retrying transient failures ``retries`` times (None:
+        ``max_retries``; -1: without limit)."""
+        limit = self.max_retries if retries is None else retries
+        attempt = 0
+        while True:
+            try:
+                return await fn()
+            except ApiError as exc:
+                if not exc.transient or (limit >= 0 and attempt >= limit):
+                    raise
+                await anyio.sleep(self.backoff(attempt, exc.retry_after_s))
+                attempt += 1
+
+    def backoff(self, attempt: int, retry_after_s: float | None) -> float:
+        """Seconds before retry number ``attempt + 1``: the server's ``Retry-After`` when it
+        sent one, else ``backoff_initial_s`` doubling up to ``backoff_max_s``, with jitter."""
+        if retry_after_s is not None:
+            return retry_after_s
+        base = min(self.retry.backoff_initial_s * 2.0**attempt, self.retry.backoff_max_s)
+        return float(base * (1 + 0.1 * random.random()))
+
+
+class BatchAPI(Retrier):
     """One remote Batch API root (``base_url`` ends in ``/v1``). Use as ``async with``.
 
     ``max_retries``: retries of a transient failure for uploads, creates, cancels and downloads
     (``retrieve`` may retry without limit: a remote batch keeps running while its server has a
     bad minute). ``timeout``: seconds without progress on one HTTP call (reading a body, or
-    connecting) before it is a transient failure.
+    connecting) before it is a transient failure. ``flavor``: the provider's variant of the
+    shape (:mod:`._flavors`; None: named by the base URL's host, else ``openai``).
     """
+
+    page_size = 100
+    """Batches asked for per page of the batch list (a server may send fewer)."""
 
     def __init__(
         self,
@@ -124,18 +159,21 @@ class BatchAPI:
         timeout: float = 600.0,
         max_retries: int = 8,
         retry: RetryPolicy = RetryPolicy(),
+        flavor: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.flavor: FlavorSpec = flavor_of(flavor, self.base_url)
+        self._models: dict[str, str] = {}  # uploaded file id -> its model (Mistral's create)
+        self.display = redact_url(self.base_url)  # as shown and stored
         if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
+            raise ConfigurationError(f"base_url {self.display!r} is not an http(s) URL")
         self._headers = {
             k: check_header_value(f"header {k}", v) for k, v in (headers or {}).items()
         }
         if api_key:
             self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
+        super().__init__(max_retries, retry)
         self.timeout = timeout
-        self.max_retries = max_retries
-        self.retry = retry
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> BatchAPI:
@@ -185,38 +223,22 @@ class BatchAPI:
                     )
                 return await read(resp)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ApiError(
-                f"{method} {path}: {type(exc).__name__}: {exc}", transient=True
+            raise ApiError(  # aiohttp's messages may quote the URL
+                f"{method} {path}: {type(exc).__name__}: {redact_url(str(exc))}", transient=True
             ) from None
 
-    async def call(self, fn: Callable[[], Awaitable[T]], *, retries: int | None = None) -> T:
-        """Run ``fn`` (one attempt), retrying transient failures ``retries`` times (None:
-        ``max_retries``; -1: without limit)."""
-        limit = self.max_retries if retries is None else retries
-        attempt = 0
-        while True:
-            try:
-                return await fn()
-            except ApiError as exc:
-                if not exc.transient or (limit >= 0 and attempt >= limit):
-                    raise
-                await anyio.sleep(self.backoff(attempt, exc.retry_after_s))
-                attempt += 1
+    async def _json(
+        self, method: str, path: str, *, array: bool = False, **kwargs: Any
+    ) -> dict[str, Any]:
+        """A JSON object answer (``array``: a JSON array is accepted too, under ``"data"``)."""
 
-    def backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        """Seconds before retry number ``attempt + 1``: the server's ``Retry-After`` when it
-        sent one, else ``backoff_initial_s`` doubling up to ``backoff_max_s``, with jitter."""
-        if retry_after_s is not None:
-            return retry_after_s
-        base = min(self.retry.backoff_initial_s * 2.0**attempt, self.retry.backoff_max_s)
-        return float(base * (1 + 0.1 * random.random()))
-
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         async def read(resp: aiohttp.ClientResponse) -> dict[str, Any]:
             try:
                 data = await resp.json(content_type=None)
             except ValueError:
                 data = None
+            if array and isinstance(data, list):
+                return {"data": data}
             if not isinstance(data, dict):
                 raise ApiError(
                     f"{method} {path}: HTTP {resp.status} answer is not a JSON object",
@@ -230,7 +252,7 @@ class BatchAPI:
     async def _batch(self, method: str, path: str, **kwargs: Any) -> RemoteBatch:
         data = await self._json(method, path, **kwargs)
         try:
-            return RemoteBatch.model_validate(data)
+            return RemoteBatch.model_validate(normalize(self.flavor, data))
         except ValidationError as exc:
             raise ApiError(
                 f"{method} {path}: not a Batch object: {str(exc)[:300]}", status=200, transient=True
@@ -239,19 +261,25 @@ class BatchAPI:
     # ------------------------------------------------------------------ the calls
 
     async def upload(self, path: Path, filename: str) -> str:
-        """Upload a batch input file (``purpose=batch``), streamed from disk; its remote id."""
+        """Upload a batch input file (``purpose=batch``; Together: ``batch-api``), streamed from
+        disk; its remote id."""
+        model = None
+        if self.flavor.needs_model:  # a job's lines share one model (checked when it starts)
+            model = await anyio.to_thread.run_sync(_first_model, path)
 
         async def once() -> str:
             f = await anyio.to_thread.run_sync(path.open, "rb")
             try:
                 form = aiohttp.FormData()
-                form.add_field("purpose", "batch")
+                form.add_field("purpose", self.flavor.purpose)
                 form.add_field("file", f, filename=filename, content_type="application/jsonl")
                 data = await self._json("POST", "/files", data=form)
             finally:
                 f.close()
             if not isinstance(data.get("id"), str):
                 raise ApiError("POST /files: answer has no file id", status=200, transient=True)
+            if model is not None:
+                self._models[str(data["id"])] = model
             return str(data["id"])
 
         return await self.call(once)
@@ -261,47 +289,57 @@ class BatchAPI:
     ) -> RemoteBatch:
         """Create a batch: one attempt (a create is not idempotent; the runner looks for the
         batch before it tries again)."""
-        body = {
-            "input_file_id": input_file_id,
-            "endpoint": endpoint,
-            "completion_window": completion_window,
-            "metadata": metadata,
-        }
-        return await self._batch("POST", "/batches", json=body)
+        model = None
+        if self.flavor.needs_model:  # Mistral names the model per job, not per line
+            model = self._models.get(input_file_id) or await self._remote_model(input_file_id)
+        body = create_body(self.flavor, input_file_id, endpoint, completion_window, metadata, model)
+        return await self._batch("POST", self.flavor.batches, json=body)
+
+    async def _remote_model(self, file_id: str) -> str | None:
+        """The model of an uploaded file's first line, read back from the server (a client that
+        died between upload and create no longer has it)."""
+
+        async def read(resp: aiohttp.ClientResponse) -> str | None:
+            return _model_of(await resp.content.readline())
+
+        model = await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        if model is not None:
+            self._models[file_id] = model
+        return model
 
     async def retrieve(self, batch_id: str, *, retries: int | None = None) -> RemoteBatch:
-        return await self.call(lambda: self._batch("GET", f"/batches/{batch_id}"), retries=retries)
+        path = f"{self.flavor.batches}/{batch_id}"
+        return await self.call(lambda: self._batch("GET", path), retries=retries)
 
     async def cancel(self, batch_id: str) -> RemoteBatch:
-        return await self.call(lambda: self._batch("POST", f"/batches/{batch_id}/cancel"))
+        path = f"{self.flavor.batches}/{batch_id}/cancel"
+        return await self.call(lambda: self._batch("POST", path))
 
     async def find(
         self, input_file_id: str, metadata: dict[str, str], pages: int = 20
     ) -> RemoteBatch | None:
         """The newest batch over ``input_file_id`` whose metadata includes ``metadata`` (looked
-        up in at most ``pages`` pages of ``GET /batches``), or None."""
-        after: str | None = None
+        up in at most ``pages`` pages of the batch list), or None. A flavour that keeps no
+        metadata (Together) is matched on the input file alone: each part uploads its own."""
+        cursor: str | None = None
+        spec, path = self.flavor, self.flavor.batches
         for _ in range(pages):
-            params = {"limit": "100", **({"after": after} if after else {})}
-            page = await self.call(lambda p=params: self._json("GET", "/batches", params=p))  # type: ignore[misc]
-            entries = page.get("data")
-            if not isinstance(entries, list) or not entries:
-                return None
+            params = list_params(spec, cursor, self.page_size)
+            page = await self.call(
+                lambda p=params: self._json("GET", path, array=True, params=p)  # type: ignore[misc]
+            )
+            entries, cursor = read_page(spec, page, cursor, self.page_size)
             for entry in entries:
                 try:
-                    batch = RemoteBatch.model_validate(entry)
-                except ValidationError:
+                    batch = RemoteBatch.model_validate(normalize(spec, entry))
+                except (ValidationError, TypeError, AttributeError):
                     continue
                 marks = batch.metadata or {}
-                if batch.input_file_id == input_file_id and all(
-                    marks.get(k) == v for k, v in metadata.items()
+                if batch.input_file_id == input_file_id and (
+                    not spec.metadata or all(marks.get(k) == v for k, v in metadata.items())
                 ):
                     return batch
-            if not page.get("has_more"):
-                return None
-            last = entries[-1]
-            after = str(last.get("id")) if isinstance(last, dict) else None
-            if not after:
+            if cursor is None:
                 return None
         return None
 
@@ -330,6 +368,21 @@ class BatchAPI:
         if not isinstance(entries, list):
             return None
         return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+
+
+def _first_model(path: Path) -> str | None:
+    with path.open("rb") as f:
+        return _model_of(f.readline())
+
+
+def _model_of(line: bytes) -> str | None:
+    """The ``body.model`` of one batch input line, or None."""
+    try:
+        body = json.loads(line).get("body")
+    except (ValueError, AttributeError):
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def _message(text: str) -> str:

@@ -16,22 +16,20 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 import anyio
 from anyio import to_thread
 
-from .._core.client import BatchClient
+from .._core.client import BatchClient, eager
 from .._core.provider import Provider
 from .._core.request import Request, Result, item_error
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode
-from ..jobs import Batches, JobManager, JobRunner, parse_window
-from ..jobs._files import _store_file
-from ..jobs._store import ResultRow, Store
-from ..remote._settings import RetryPolicy
+from ..jobs import Batches, JobManager, JobRunner, ResultRow, Store, store_file
 from ..types import Batch, BatchItemError, BatchProgress, BatchRequestCounts, ProgressCallback
-from ._parts import Limits, batch_line
+from ._options import BatchAPIOptions
+from ._parts import Limits, RemoteIds, batch_line
 from ._provider import BatchAPIProvider
 from ._runner import RemoteRunner, RunSettings
 
@@ -39,92 +37,36 @@ R = TypeVar("R")
 CALL_MARK = "batchclient_call"
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
-"""OpenAI's limits for one batch input file: 50,000 requests, 200 MB (OpenAI Batch API guide)."""
+"""OpenAI's limits for one batch input file: 50,000 requests, 200 MB (OpenAI Batch API guide).
+Other flavours have their own (``FLAVORS``); ``max_lines`` / ``max_bytes`` default to them."""
 
 
-class BatchAPIBatchInference(BatchClient):
-    """Batch inference through a remote OpenAI Batch API. Use as ``async with``.
-
-    Args:
-        base_url: the API root ending in ``/v1``: ``https://api.openai.com/v1``, or a
-            ``batchclient serve`` (``http://host:port/v1``).
-        api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
-        poll_interval: seconds between two polls of a remote batch (default 10).
-        max_lines: the most requests in one remote batch (default 50,000, OpenAI's limit);
-            larger inputs are split into several remote batches that run at once.
-        max_bytes: the largest remote input file in bytes (default 200 MiB, OpenAI's 200 MB
-            limit); a single request line above it is an ``invalid_request`` item.
-        completion_window: the remote batches' window (OpenAI accepts only ``"24h"``); the
-            local job expires this long (plus ``expiry_grace_s``) after it was created.
-        on_expired: a provider (or a client: its provider) that re-runs, live, the requests an
-            expired remote batch did not run; None (default): they are ``batch_expired`` items.
-            This client starts and stops it.
-        max_retries: retries of a transient failure (connection error, timeout, 408/409/429/5xx)
-            of an upload, create, cancel or download (default 8). Polls retry without limit.
-        timeout: seconds without progress on one HTTP call (default 600).
-        retry: backoff between retries and the longest ``Retry-After`` honoured
-            (:class:`~batchclient.RetryPolicy`).
-        headers: extra HTTP headers for every call.
-        check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
-            model the server does not list (skipped when it cannot list models).
-        expiry_grace_s: how long past the local job's window its remote batches are still
-            waited for before they are cancelled (default 600 s).
-        state_dir: where files, jobs, remote batch ids and results are kept (default
-            ``$BATCHCLIENT_STATE_DIR`` or the user data directory).
-
-    Raises:
-        ConfigurationError: a bad argument.
-    """
-
-    provider: BatchAPIProvider
+class RemoteJobClient(BatchClient):
+    """A client whose calls and jobs run as local jobs that own remote batches, run by
+    ``runner`` (:class:`BatchAPIBatchInference`, and the provider batch clients built on a
+    :class:`~batchclient.batchapi.RemoteBatchBackend`). A call is keyed by its content, the
+    provider's ``identity()`` and ``completion_window``: made again after a crash, it
+    re-attaches to the job it started. ``on_expired`` (a provider, or None) is started and
+    stopped with the client."""
 
     def __init__(
         self,
-        base_url: str,
-        api_key: str | None = None,
+        provider: Provider,
+        runner: JobRunner,
         *,
-        poll_interval: float = 10.0,
-        max_lines: int = MAX_LINES,
-        max_bytes: int = MAX_BYTES,
-        completion_window: str = "24h",
-        on_expired: Provider | BatchClient | None = None,
-        max_retries: int = 8,
-        timeout: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
-        headers: dict[str, str] | None = None,
-        check_model: bool = True,
-        expiry_grace_s: float = 600.0,
+        completion_window: str,
+        poll_interval: float,
+        on_expired: Provider | None = None,
         state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be > 0 seconds")
-        if max_lines < 1:
-            raise ConfigurationError("max_lines must be >= 1")
-        if max_bytes < 1024:
-            raise ConfigurationError("max_bytes must be >= 1024")
-        if max_retries < 0 or timeout <= 0 or expiry_grace_s < 0:
-            raise ConfigurationError("max_retries, timeout and expiry_grace_s must be positive")
-        try:
-            parse_window(completion_window)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
-        provider = BatchAPIProvider(
-            base_url, api_key, poll_interval=poll_interval, completion_window=completion_window,
-            max_retries=max_retries, timeout=timeout, retry=retry, headers=headers,
-            check_model=check_model,
-        )  # fmt: skip
         super().__init__(provider, state_dir=state_dir)
         self.completion_window = completion_window
-        self.on_expired = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
-        settings = RunSettings(Limits(max_lines, max_bytes), poll_interval, expiry_grace_s)
-        self._runner = RemoteRunner(provider.api, provider, settings, self.on_expired)
+        self.poll_interval = poll_interval
+        self.on_expired = on_expired
+        self._runner = runner
         self.batches = RemoteBatches(self._manager)
         """As every client's ``batches``; ``retrieve`` counts the lines remote batches have
         finished but not yet handed back."""
-
-    @property
-    def base_url(self) -> str:
-        return self.provider.base_url
 
     def _job_runner(self) -> JobRunner | None:
         return self._runner
@@ -161,6 +103,8 @@ class BatchAPIBatchInference(BatchClient):
         progress: ProgressCallback | None,
         on_item: Callable[[int, R], None] | None = None,
         cache: bool = False,
+        *,
+        build: Callable[[Any], R] | None = None,
     ) -> list[R]:
         """Write the call's requests as a batch file, run it as a local job on the remote API
         (or re-attach to the job an identical earlier call started), decode in input order
@@ -170,18 +114,20 @@ class BatchAPIBatchInference(BatchClient):
             ConfigurationError: ``cache=True``: the result cache is not available here (a
                 repeated call re-attaches to its remote job instead, so it is not paid twice).
         """
+        if build is not None:
+            decode = eager(decode, build)
         if cache:
             raise ConfigurationError(
-                "the result cache is not available on BatchAPIBatchInference: a repeated call "
+                f"the result cache is not available on {type(self).__name__}: a repeated call "
                 "re-attaches to its remote batch instead (no second submission)"
             )
         manager = self._manager()
         store = await manager.store()
         started = time.perf_counter()
         calls = _CallRequests(requests, n)
-        reader: Any = _Reader(calls.lines())  # a binary stream, as _store_file reads one
+        reader: Any = _Reader(calls.lines())  # a binary stream, as store_file reads one
         record = await to_thread.run_sync(
-            _store_file, store, reader, "batch", "batch_chat_completion.jsonl"
+            store_file, store, reader, "batch", "batch_chat_completion.jsonl"
         )
         if calls.sent == 0:
             await to_thread.run_sync(store.delete_file, record.id)
@@ -199,7 +145,9 @@ class BatchAPIBatchInference(BatchClient):
         results = await to_thread.run_sync(
             lambda: self._decode(calls, store.iter_results(job_id), decode, n, lost)
         )
-        await to_thread.run_sync(lambda: store.set_call(calls.key, job_id, delivered=True))
+        await to_thread.run_sync(
+            lambda: RemoteIds(store).set_call(calls.key, job_id, delivered=True)
+        )
         if progress is not None:
             bad = sum(getattr(r, "error", None) is not None for r in results)
             progress(
@@ -220,18 +168,18 @@ class BatchAPIBatchInference(BatchClient):
         key = hashlib.sha256(
             f"{sha}\n{identity}\n{endpoint}\n{self.completion_window}".encode()
         ).hexdigest()[:40]
-        previous = await to_thread.run_sync(store.call_job, key)
+        previous = await to_thread.run_sync(lambda: RemoteIds(store).call(key))
         earlier: str | None = None
         if previous is None:  # died between creating its job and recording it: find the job
             jobs = await manager.list()
             earlier = next((j.id for j in jobs if (j.metadata or {}).get(CALL_MARK) == key), None)
-        elif not previous["delivered"]:
-            earlier = previous["job_id"]
+        elif not previous.delivered:
+            earlier = previous.job_id
         if earlier is not None:
             job = await manager.info(earlier)
             if job.status != "failed":  # re-attach: the file is already there
                 await to_thread.run_sync(store.delete_file, file_id)
-                await to_thread.run_sync(lambda: store.set_call(key, job.id))
+                await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job.id))
                 return job.id, key
         batch = await manager.schedule(
             file_id,
@@ -239,7 +187,7 @@ class BatchAPIBatchInference(BatchClient):
             completion_window=self.completion_window,
             metadata={CALL_MARK: key},
         )
-        await to_thread.run_sync(lambda: store.set_call(key, batch.id))
+        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, batch.id))
         return batch.id, key
 
     async def _follow(
@@ -261,7 +209,7 @@ class BatchAPIBatchInference(BatchClient):
                         elapsed_s=time.perf_counter() - started,
                     )
                 )  # fmt: skip
-                await anyio.sleep(min(self.provider.poll_interval, 1.0))
+                await anyio.sleep(min(self.poll_interval, 1.0))
 
         async with anyio.create_task_group() as tg:
             if progress is not None:
@@ -290,6 +238,90 @@ class BatchAPIBatchInference(BatchClient):
             request = calls.by_index[i] or Request(index=i, body={})
             out[i] = decode(request, Result(None, None, error=lost))
         return out  # type: ignore[return-value]
+
+
+class BatchAPIBatchInference(RemoteJobClient):
+    """Batch inference through a remote OpenAI Batch API. Use as ``async with``.
+
+    Args (every one after ``api_key`` keyword-only; ``poll_interval``, ``completion_window``,
+    ``max_retries``, ``timeout``, ``retry``, ``headers``, ``check_model`` and ``flavor`` are
+    :class:`BatchAPIOptions`, the provider's):
+        base_url: the API root ending in ``/v1``: ``https://api.openai.com/v1``, a
+            ``batchclient serve`` (``http://host:port/v1``), ``https://api.together.xyz/v1``,
+            ``https://api.groq.com/openai/v1`` or ``https://api.mistral.ai/v1``.
+        flavor: the provider's variant of the OpenAI Batch API: ``"openai"``,
+            ``"together"``, ``"groq"`` or ``"mistral"`` (statuses, timestamps, file purpose,
+            paths and paging are translated; ``docs/batch-api.md``). None (default): named by
+            the base URL's host, else ``"openai"``.
+        api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
+        poll_interval: seconds between two polls of a remote batch (default 10).
+        max_lines: the most requests in one remote batch (default: the flavour's limit, 50,000
+            for all four); larger inputs are split into several remote batches that run at once.
+        max_bytes: the largest remote input file in bytes (default: the flavour's limit, 200 MiB
+            for OpenAI, 100 MiB for the others); a single request line above it is an
+            ``invalid_request`` item.
+        completion_window: the remote batches' window (OpenAI and Together accept only
+            ``"24h"``, Groq ``"24h"`` to ``"7d"``, Mistral whole hours up to ``"7d"``; other
+            servers their own); the local job expires this long (plus ``expiry_grace_s``) after
+            it was created.
+        on_expired: a provider (or a client: its provider) that re-runs, live, the requests an
+            expired remote batch did not run; None (default): they are ``batch_expired`` items.
+            This client starts and stops it.
+        max_retries: retries of a transient failure (connection error, timeout, 408/409/429/5xx)
+            of an upload, create, cancel or download (default 8). Polls retry without limit.
+        timeout: seconds without progress on one HTTP call (default 600).
+        retry: backoff between retries and the longest ``Retry-After`` honoured
+            (:class:`~batchclient.RetryPolicy`).
+        headers: extra HTTP headers for every call.
+        check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
+            model the server does not list (skipped when it cannot list models).
+        expiry_grace_s: how long past the local job's window its remote batches are still
+            waited for before they are cancelled (default 600 s).
+        state_dir: where files, jobs, remote batch ids and results are kept (default
+            ``$BATCHCLIENT_STATE_DIR`` or the user data directory).
+
+    Raises:
+        ConfigurationError: a bad argument (an unknown flavour, a window it refuses).
+    """
+
+    provider: BatchAPIProvider
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        max_lines: int | None = None,
+        max_bytes: int | None = None,
+        on_expired: Provider | BatchClient | None = None,
+        expiry_grace_s: float = 600.0,
+        state_dir: str | os.PathLike[str] | None = None,
+        **options: Unpack[BatchAPIOptions],
+    ) -> None:
+        if max_lines is not None and max_lines < 1:
+            raise ConfigurationError("max_lines must be >= 1")
+        if max_bytes is not None and max_bytes < 1024:
+            raise ConfigurationError("max_bytes must be >= 1024")
+        if expiry_grace_s < 0:
+            raise ConfigurationError("expiry_grace_s must be >= 0 seconds")
+        provider = BatchAPIProvider(base_url, api_key, **options)
+        spec = provider.api.flavor
+        max_lines = spec.max_lines if max_lines is None else max_lines
+        max_bytes = spec.max_bytes if max_bytes is None else max_bytes
+        live = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
+        settings = RunSettings(Limits(max_lines, max_bytes), provider.poll_interval, expiry_grace_s)
+        super().__init__(
+            provider,
+            RemoteRunner(provider.api, provider, settings, live),
+            completion_window=provider.completion_window,
+            poll_interval=provider.poll_interval,
+            on_expired=live,
+            state_dir=state_dir,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.provider.base_url
 
 
 def _handed(results: list[R], on_item: Callable[[int, R], None] | None) -> list[R]:
@@ -348,7 +380,7 @@ class _CallRequests:
 
 
 class _Reader:
-    """A binary stream over an iterator of lines (what ``_store_file`` copies from)."""
+    """A binary stream over an iterator of lines (what ``store_file`` copies from)."""
 
     def __init__(self, lines: Iterator[bytes]) -> None:
         self._lines = lines
@@ -386,11 +418,11 @@ class RemoteBatches(Batches):
         if batch.status not in ("in_progress", "cancelling", "finalizing"):
             return batch
         store = await manager.store()
-        rows = await to_thread.run_sync(store.parts, batch_id)
-        live = [r for r in rows if r["state"] != "collected"]
+        parts = await to_thread.run_sync(lambda: RemoteIds(store).parts(batch_id))
+        live = [p for p in parts if p.state != "collected"]
         counts = batch.request_counts
         total = counts.total
-        completed = min(total, counts.completed + sum(int(r["completed"]) for r in live))
-        failed = min(total - completed, counts.failed + sum(int(r["failed"]) for r in live))
+        completed = min(total, counts.completed + sum(p.completed for p in live))
+        failed = min(total - completed, counts.failed + sum(p.failed for p in live))
         batch.request_counts = BatchRequestCounts(total=total, completed=completed, failed=failed)
         return batch

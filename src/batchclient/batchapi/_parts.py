@@ -1,5 +1,10 @@
-"""The remote batches ("parts") of one local job: writing their input files from the job's input,
-and turning their output and error files back into result rows.
+"""The remote batches ("parts") of one local job: their records, writing their input files from
+the job's input, and turning their output and error files back into result rows.
+
+Records (:class:`RemoteIds`, schema ``batchapi`` in the jobs' database): ``remote_parts`` (each
+remote batch a job owns: its range of input lines, remote file and batch ids, last seen status
+and request counts) and ``remote_calls`` (the job behind each call, by content key, so a
+repeated call re-attaches).
 
 A part covers a range of the job's input lines (``first_seq .. first_seq + count - 1``, at most
 ``max_lines`` long) and holds the lines of that range that were not finished when it was written,
@@ -16,8 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -26,10 +30,10 @@ import orjson
 
 from .._core.decode import classify_http, http_error
 from .._core.request import Result, failed, item_error
+from .._state import Database, Migration, Schema, record
 from ..errors import ErrorCode
-from ..jobs._output import request_for, row_for
-from ..jobs._store import ResultRow, Store
-from ..jobs._validate import RequestLine, iter_requests
+from ..jobs import RequestLine, ResultRow, Store, iter_requests, request_for, row_for
+from ..types import Endpoint
 from ._api import RemoteError
 
 _COMMIT_EVERY = 512
@@ -56,9 +60,80 @@ class Part:
     completed: int = 0
     failed: int = 0
 
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Part:
-        return cls(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row)
+
+@dataclass(frozen=True)
+class RemoteCall:
+    """A ``remote_calls`` row: the job behind a call's content key, and whether the call's
+    answer was given to its caller."""
+
+    call_key: str
+    job_id: str
+    delivered: bool
+
+
+SCHEMA = Schema(
+    "batchapi",
+    (
+        Migration(
+            1,
+            """
+CREATE TABLE IF NOT EXISTS remote_parts(
+    job_id TEXT NOT NULL, part INTEGER NOT NULL, first_seq INTEGER NOT NULL,
+    count INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
+    input_file_id TEXT, batch_id TEXT, remote_status TEXT,
+    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(job_id, part));
+CREATE TABLE IF NOT EXISTS remote_calls(
+    call_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0)
+""",
+        ),
+    ),
+)
+
+
+class RemoteIds:
+    """The remote parts and calls in ``store``'s database. Its methods are blocking and
+    thread-safe (the store's connection and lock); the first one makes the tables."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def _db(self) -> Database:
+        db = self._store.db
+        db.migrate(SCHEMA)  # once per connection
+        return db
+
+    def add_part(self, job_id: str, part: int, first_seq: int, count: int, attempt: int) -> None:
+        """Record a planned remote batch covering input lines ``first_seq .. +count``."""
+        self._db().write(
+            "INSERT INTO remote_parts (job_id, part, first_seq, count, attempt, state) "
+            "VALUES (?, ?, ?, ?, ?, 'planned')",
+            (job_id, part, first_seq, count, attempt),
+        )
+
+    def update_part(self, job_id: str, part: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._db().write(
+            f"UPDATE remote_parts SET {sets} WHERE job_id = ? AND part = ?",
+            [*fields.values(), job_id, part],
+        )
+
+    def parts(self, job_id: str) -> list[Part]:
+        """The job's remote batches, in part order."""
+        sql = "SELECT * FROM remote_parts WHERE job_id = ? ORDER BY part"
+        return [record(Part, r) for r in self._db().all(sql, (job_id,))]
+
+    def call(self, call_key: str) -> RemoteCall | None:
+        row = self._db().one("SELECT * FROM remote_calls WHERE call_key = ?", (call_key,))
+        if row is None:
+            return None
+        return RemoteCall(str(row["call_key"]), str(row["job_id"]), bool(row["delivered"]))
+
+    def set_call(self, call_key: str, job_id: str, *, delivered: bool = False) -> None:
+        self._db().write(
+            "INSERT OR REPLACE INTO remote_calls VALUES (?, ?, ?)",
+            (call_key, job_id, int(delivered)),
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +153,17 @@ def batch_line(custom_id: str, endpoint: str, body: dict[str, Any]) -> bytes:
     """One line of an OpenAI batch input file."""
     line = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body}
     return orjson.dumps(line) + b"\n"
+
+
+Encoder = Callable[[RequestLine, str], bytes | Result]
+"""How a job's input line (and the job's endpoint) becomes one line of a part's file: its
+bytes, or a failed :class:`Result` for a request the remote API cannot take (committed as that
+line's per-item error; the line is not sent)."""
+
+
+def openai_line(line: RequestLine, endpoint: str) -> bytes:
+    """The OpenAI Batch API's encoder: the line as it came, under its own ``custom_id``."""
+    return batch_line(line.custom_id, endpoint, line.body)
 
 
 class LineCursor:
@@ -111,10 +197,17 @@ class PartPlan:
 
 
 def write_part(
-    cursor: LineCursor, store: Store, job_id: str, endpoint: str, limits: Limits, path: Path
+    cursor: LineCursor,
+    store: Store,
+    job_id: str,
+    endpoint: str,
+    limits: Limits,
+    path: Path,
+    encode: Encoder = openai_line,
 ) -> PartPlan | None:
     """Write the next part from ``cursor`` to ``path``; None when the input is exhausted. A
-    line that alone exceeds ``max_bytes`` is committed at once as an ``invalid_request`` item."""
+    line that alone exceeds ``max_bytes``, or that ``encode`` refuses, is committed at once as
+    a per-item error."""
     first = cursor.peek()
     if first is None:
         return None
@@ -127,14 +220,16 @@ def write_part(
     with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
-                data = batch_line(line.custom_id, endpoint, line.body)
-                if len(data) > limits.max_bytes:
+                data = encode(line, endpoint)
+                if isinstance(data, Result):
+                    too_big.append(_row(job_id, line, data, Endpoint(endpoint)))
+                elif len(data) > limits.max_bytes:
                     result = failed(
                         ErrorCode.invalid_request,
                         f"the request line is {len(data)} bytes, over the remote batch limit of "
                         f"{limits.max_bytes} bytes (max_bytes)",
                     )
-                    too_big.append(_row(job_id, line, result))
+                    too_big.append(_row(job_id, line, result, Endpoint(endpoint)))
                 else:
                     if size + len(data) > limits.max_bytes:
                         break
@@ -162,27 +257,42 @@ def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Itera
 
 
 def rewrite_part(
-    store: Store, job_id: str, input_path: Path, part: Part, endpoint: str, path: Path
+    store: Store,
+    job_id: str,
+    input_path: Path,
+    part: Part,
+    endpoint: str,
+    path: Path,
+    encode: Encoder = openai_line,
 ) -> int:
-    """Write a part's file again (after a crash before its upload); the number of lines."""
+    """Write a part's file again (after a crash before its upload, or to resubmit what is
+    left of it); the number of lines. A line ``encode`` refuses is committed as its error."""
     n = 0
+    sink = _Committer(store, job_id)
     with private_file(path) as out:
         for line in part_lines(store, job_id, input_path, part):
-            out.write(batch_line(line.custom_id, endpoint, line.body))
+            data = encode(line, endpoint)
+            if isinstance(data, Result):
+                sink.add(line, data)
+                continue
+            out.write(data)
             n += 1
+    sink.flush()
     return n
 
 
-def _row(job_id: str, line: RequestLine, result: Result) -> ResultRow:
-    return row_for(job_id, request_for(line.seq, line.custom_id, line.body), result)
+def _row(job_id: str, line: RequestLine, result: Result, endpoint: Endpoint) -> ResultRow:
+    # the line's endpoint decides how its answer is checked (a completion has no message)
+    return row_for(job_id, request_for(line.seq, line.custom_id, line.body, endpoint), result)
 
 
 class _Committer:
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id, self.rows = store, job_id, list[ResultRow]()
+        self.endpoint = Endpoint(store.job_row(job_id).endpoint)
 
     def add(self, line: RequestLine, result: Result) -> None:
-        self.rows.append(_row(self.job_id, line, result))
+        self.rows.append(_row(self.job_id, line, result, self.endpoint))
         if len(self.rows) >= _COMMIT_EVERY:
             self.flush()
 
@@ -229,6 +339,11 @@ def _bad(message: str, status: int | None = None) -> Result:
     return result
 
 
+def _retryable(obj: Any) -> bool:
+    error = obj.get("error") if isinstance(obj, dict) else None
+    return isinstance(error, dict) and error.get("retryable") is True
+
+
 def _index(paths: list[Path]) -> dict[str, tuple[int, int]]:
     """``custom_id`` -> (file number, byte offset) of its line; the first line wins."""
     index: dict[str, tuple[int, int]] = {}
@@ -254,18 +369,22 @@ def collect(
     files: list[Path],
     *,
     complete: bool,
+    wire_id: Callable[[RequestLine], str] | None = None,
+    defer_retryable: bool = False,
 ) -> int:
     """Commit the results of a finished remote batch from its downloaded output and error
     ``files``; return how many of its lines stay unfinished. With ``complete`` (the batch
     ``completed``) a line without a result is a ``bad_upstream_response`` item; otherwise (an
-    expired or cancelled batch) it stays unfinished."""
+    expired or cancelled batch) it stays unfinished. ``wire_id``: the id a line was sent under
+    (default its ``custom_id``); ``defer_retryable``: an error line marked ``"retryable":
+    true`` stays unfinished (to be submitted again) instead of being committed."""
     index = _index(files)
     handles = [p.open("rb") for p in files]
     sink = _Committer(store, job_id)
     unfinished = 0
     try:
         for line in part_lines(store, job_id, input_path, part):
-            where = index.get(line.custom_id)
+            where = index.get(line.custom_id if wire_id is None else wire_id(line))
             result: Result | None
             if where is None:
                 result = (
@@ -277,7 +396,8 @@ def collect(
                 f = handles[where[0]]
                 f.seek(where[1])
                 try:
-                    result = line_result(orjson.loads(f.readline()))
+                    obj = orjson.loads(f.readline())
+                    result = None if defer_retryable and _retryable(obj) else line_result(obj)
                 except orjson.JSONDecodeError:
                     result = _bad("the remote output line is not valid JSON")
             if result is None:

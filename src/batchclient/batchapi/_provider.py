@@ -19,10 +19,11 @@ import orjson
 
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
-from ..errors import ErrorCode, ModelNotFoundError
-from ..remote._settings import RetryPolicy
+from .._routing.settings import RetryPolicy
+from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..types import Endpoint
 from ._api import ApiError, BatchAPI
+from ._flavors import check_window
 from ._parts import batch_line, line_result
 
 
@@ -44,12 +45,19 @@ class BatchAPIProvider(Provider):
         retry: RetryPolicy = RetryPolicy(),
         headers: dict[str, str] | None = None,
         check_model: bool = True,
+        flavor: str | None = None,
     ) -> None:
+        if poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be > 0 seconds")
+        if max_retries < 0 or timeout <= 0:
+            raise ConfigurationError("max_retries must be >= 0 and timeout > 0 seconds")
         self.api = BatchAPI(
             base_url, api_key, headers=headers, timeout=timeout, max_retries=max_retries,
-            retry=retry,
+            retry=retry, flavor=flavor,
         )  # fmt: skip
-        self.base_url = self.api.base_url
+        self.flavor = self.api.flavor.name
+        check_window(self.api.flavor, completion_window, self.api.base_url)
+        self.base_url = self.api.display  # without userinfo or secret query values
         self.poll_interval = poll_interval
         self.completion_window = completion_window
         self._check_models = check_model
@@ -62,7 +70,10 @@ class BatchAPIProvider(Provider):
         await self.api.stop()
 
     def identity(self) -> dict[str, Any]:
-        return {"provider": "batch-api", "base_url": self.base_url}
+        identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}
+        if self.flavor != "openai":  # the default stays out: earlier calls keep their keys
+            identity["flavor"] = self.flavor
+        return identity
 
     async def models(self) -> list[str]:
         listed = await self.api.models()

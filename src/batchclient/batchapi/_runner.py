@@ -29,17 +29,19 @@ import anyio
 from anyio import to_thread
 
 from .._core.provider import Provider
-from ..jobs._runner import RunningJob, finalize, run_unfinished, validate_job
-from ..jobs._store import Store
+from ..jobs import JobRow, RunningJob, Store, finalize, run_unfinished, validate_job
 from ..types import BatchStatus
 from ._api import ApiError, BatchAPI, RemoteBatch
 from ._parts import (
+    Encoder,
     Limits,
     LineCursor,
     Part,
+    RemoteIds,
     collect,
     fail_lines,
     fail_part,
+    openai_line,
     rewrite_part,
     write_part,
 )
@@ -63,12 +65,13 @@ class RunSettings:
 class _Job:
     """The state of one job run: its ids, paths and the next free part number."""
 
-    def __init__(self, store: Store, job_id: str, row: Any) -> None:
+    def __init__(self, store: Store, job_id: str, row: JobRow) -> None:
         self.store = store
+        self.ids = RemoteIds(store)
         self.id = job_id
-        self.input = store.file_path(row["input_file_id"])
-        self.endpoint = str(row["endpoint"])
-        self.window = str(row["completion_window"])
+        self.input = store.file_path(row.input_file_id)
+        self.endpoint = str(row.endpoint)
+        self.window = str(row.completion_window)
         self.next_part = 0
         self.stopping = False  # we cancel the remote batches ourselves
         self.remote_cancelled = False  # someone else cancelled one
@@ -80,7 +83,7 @@ class _Job:
     async def update(self, part: Part, **fields: Any) -> None:
         for key, value in fields.items():
             setattr(part, key, value)
-        await to_thread.run_sync(lambda: self.store.update_part(self.id, part.part, **fields))
+        await to_thread.run_sync(lambda: self.ids.update_part(self.id, part.part, **fields))
 
 
 class RemoteRunner:
@@ -99,21 +102,21 @@ class RemoteRunner:
         self.provider = provider
         self.settings = settings
         self.on_expired = on_expired
+        self.encoder: Encoder = openai_line
+        """How an input line becomes a line of a part's file."""
 
     async def __call__(self, store: Store, running: RunningJob) -> None:
         job_id = running.job_id
         row = await to_thread.run_sync(store.job_row, job_id)
         job = _Job(store, job_id, row)
-        remaining = float(row["expires_at"] or 0) - time.time() + self.settings.grace_s
+        remaining = float(row.expires_at or 0) - time.time() + self.settings.grace_s
         running.scope.deadline = anyio.current_time() + remaining
         with running.scope:
-            if row["status"] == "validating" and not await validate_job(
-                store, self.provider, job_id
-            ):
+            if row.status == "validating" and not await validate_job(store, self.provider, job_id):
                 return
-            if row["status"] in ("validating", "in_progress"):
+            if row.status in ("validating", "in_progress"):
                 await self._process(job)
-        status = (await to_thread.run_sync(store.job_row, job_id))["status"]
+        status = (await to_thread.run_sync(store.job_row, job_id)).status
         if running.cancel_requested or status == "cancelling":
             await self._stop_remote(job)
             await finalize(store, job_id, "cancelled")
@@ -121,7 +124,7 @@ class RemoteRunner:
         if running.scope.cancelled_caught:  # past the window (and its grace)
             await self._stop_remote(job)
         row = await to_thread.run_sync(store.job_row, job_id)
-        if row["total"] > row["completed"] + row["failed"]:
+        if row.total > row.completed + row.failed:
             if job.remote_cancelled:
                 await finalize(store, job_id, "cancelled")
                 return
@@ -133,8 +136,7 @@ class RemoteRunner:
         await finalize(store, job_id, "completed")
 
     async def _parts(self, job: _Job) -> list[Part]:
-        rows = await to_thread.run_sync(job.store.parts, job.id)
-        parts = [Part.from_row(r) for r in rows]
+        parts = await to_thread.run_sync(job.ids.parts, job.id)
         job.next_part = max((p.part for p in parts), default=-1) + 1
         return parts
 
@@ -142,7 +144,7 @@ class RemoteRunner:
 
     async def _process(self, job: _Job) -> None:
         parts = await self._parts(job)
-        total = (await to_thread.run_sync(job.store.job_row, job.id))["total"]
+        total = (await to_thread.run_sync(job.store.job_row, job.id)).total
         start = max((p.first_seq + p.count for p in parts), default=0)
         async with anyio.create_task_group() as tg:
             for part in parts:
@@ -160,15 +162,16 @@ class RemoteRunner:
                 number = job.next_part
                 path = job.tmp("part", number)
                 plan = await to_thread.run_sync(
-                    write_part, cursor, job.store, job.id, job.endpoint, self.settings.limits, path
-                )
+                    write_part, cursor, job.store, job.id, job.endpoint, self.settings.limits,
+                    path, self.encoder,
+                )  # fmt: skip
                 if plan is None:
                     await anyio.Path(path).unlink(missing_ok=True)
                     return
                 job.next_part += 1
                 part = Part(job.id, number, plan.first_seq, plan.count)
                 await to_thread.run_sync(
-                    job.store.add_part, job.id, number, plan.first_seq, plan.count, 1
+                    job.ids.add_part, job.id, number, plan.first_seq, plan.count, 1
                 )
                 if plan.lines == 0:  # everything in range already finished
                     await anyio.Path(path).unlink(missing_ok=True)
@@ -271,7 +274,7 @@ class RemoteRunner:
             again = Part(job.id, job.next_part, part.first_seq, part.count, attempt=2)
             job.next_part += 1
             await to_thread.run_sync(
-                store.add_part, job.id, again.part, again.first_seq, again.count, 2
+                job.ids.add_part, job.id, again.part, again.first_seq, again.count, 2
             )
             return again
         files: list[Path] = []

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from .._core.request import Request
+from ..types import Endpoint
 
 __all__ = ["cache_key", "canonical_json", "is_deterministic", "number_repeats", "request_digest"]
 
@@ -80,7 +81,7 @@ def is_deterministic(endpoint: str, body: dict[str, Any]) -> bool:
     embeddings request, or ``temperature`` set to 0 (greedy decoding). A body without
     ``temperature`` is sampled (OpenAI's default is 1; servers may take it from the model's
     generation config), so it is not."""
-    if str(endpoint).endswith("/embeddings"):
+    if endpoint == Endpoint.embeddings:
         return True
     temperature = body.get("temperature")
     return (

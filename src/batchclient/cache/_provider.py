@@ -1,7 +1,7 @@
 """``CachedProvider``: a provider that answers from the result cache before asking another.
 
-It wraps the provider that really runs requests (and shares its window, limits, model check
-and identity), so calls and jobs get the cache through the one interface they already use.
+It wraps the provider that really runs requests (every member of the interface but ``execute``
+is that provider's), so calls and jobs get the cache through the one interface they already use.
 Only successful answers are stored: status 2xx, no error, and for chat completions the same
 verdict ``batch_chat_completion`` gives (an answer that failed a schema or tool-call check is
 not a success). A hit is returned with ``extra["cached"] = True``, which the decoders report as
@@ -10,12 +10,10 @@ the item's ``cached`` metric.
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 
 from .._core.decode import to_response
-from .._core.provider import Provider
+from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
 from ..types import Endpoint
 from ._key import cache_key, canonical_json, request_digest
@@ -35,9 +33,10 @@ def is_cacheable(request: Request, result: Result) -> bool:
     return True
 
 
-class CachedProvider(Provider):
-    """``inner`` behind the result cache ``cache``. The wrapper owns no resources: ``start``
-    and ``stop`` are the client's business and do nothing here.
+class CachedProvider(DelegatingProvider):
+    """``inner`` behind the result cache ``cache``: only :meth:`execute` differs, every other
+    member goes to ``inner`` (the client starts and stops ``inner`` itself and never this
+    wrapper, which owns nothing).
 
     The key of a request is :func:`~batchclient.cache.cache_key` of its endpoint and body (and
     tool prompt format), ``inner.cache_identity(model)`` (asked once per model for the life of
@@ -45,28 +44,10 @@ class CachedProvider(Provider):
     """
 
     def __init__(self, inner: Provider, cache: ResultCache) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.cache = cache
         self._identities: dict[str, bytes] = {}
         self._identity_lock = anyio.Lock()
-
-    def window(self) -> int:
-        return self.inner.window()
-
-    def concurrency_limit(self) -> int | None:
-        return self.inner.concurrency_limit()
-
-    async def check_model(self, model: str) -> None:
-        await self.inner.check_model(model)
-
-    def identity(self) -> dict[str, Any]:
-        return self.inner.identity()
-
-    async def cache_identity(self, model: str) -> dict[str, Any]:
-        return await self.inner.cache_identity(model)
-
-    async def tokenizer_path(self, model: str) -> str | None:
-        return await self.inner.tokenizer_path(model)
 
     async def identity_bytes(self, model: str) -> bytes:
         """The canonical cache identity of ``model`` on the inner provider (memoised)."""

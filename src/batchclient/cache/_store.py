@@ -1,4 +1,5 @@
-"""The result cache's table, in the state directory's SQLite database (next to the jobs).
+"""The result cache's table, in the state directory's SQLite database (next to the jobs; opened
+and migrated by :mod:`batchclient._state`, schema ``result_cache``).
 
 One row per cached answer: ``key`` (:func:`~batchclient.cache.cache_key`), the endpoint and
 model it answered (for ``batchclient cache stats`` / ``clear --model``), the HTTP status and
@@ -15,26 +16,36 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from .._state import Database, Migration, Schema
+
 __all__ = ["CacheStats", "CachedAnswer", "ModelCacheStats", "ResultCache"]
 
 log = logging.getLogger("batchclient.cache")
 
-_SCHEMA = """
+SCHEMA = Schema(
+    "result_cache",
+    (
+        Migration(
+            1,
+            """
 CREATE TABLE IF NOT EXISTS result_cache(
     key TEXT PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL,
     status_code INTEGER NOT NULL, body BLOB NOT NULL, created_at REAL NOT NULL,
     hits INTEGER NOT NULL DEFAULT 0, hit_at REAL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS result_cache_model ON result_cache(model, created_at);
-CREATE INDEX IF NOT EXISTS result_cache_created ON result_cache(created_at);
-"""
+CREATE INDEX IF NOT EXISTS result_cache_created ON result_cache(created_at)
+""",
+        ),
+    ),
+)
 _FLUSH_EVERY = 32
 _FLUSH_AFTER_S = 0.25
 
@@ -77,14 +88,9 @@ class ResultCache:
 
     def __init__(self, db_path: Path) -> None:
         self.path = db_path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            db_path, check_same_thread=False, isolation_level=None, timeout=30
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        self._state = Database(db_path, [SCHEMA])
+        self._lock = self._state.lock
+        self._db = self._state.conn
         self._puts: dict[str, tuple[str, str, int, bytes, float]] = {}
         self._hits: dict[str, int] = {}
         self._flushed = time.monotonic()
@@ -116,14 +122,37 @@ class ResultCache:
         """Which of ``keys`` are cached (no hit is counted)."""
         with self._lock:
             found = {k for k in keys if k in self._puts}
-            for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
+            for chunk in _chunks(keys):
                 marks = ", ".join("?" for _ in chunk)
                 rows = self._db.execute(
                     f"SELECT key FROM result_cache WHERE key IN ({marks})", chunk
                 ).fetchall()
                 found.update(str(r[0]) for r in rows)
         return found
+
+    def get_many(self, keys: Sequence[str], *, count_hit: bool = True) -> dict[str, CachedAnswer]:
+        """The cached answers of those ``keys`` that have one (a failed read: none)."""
+        found: dict[str, tuple[int, bytes]] = {}
+        with self._lock:
+            for key in keys:
+                if (queued := self._puts.get(key)) is not None:
+                    found[key] = (queued[2], queued[3])
+            try:
+                for chunk in _chunks([k for k in keys if k not in found]):
+                    marks = ", ".join("?" for _ in chunk)
+                    rows = self._db.execute(
+                        f"SELECT key, status_code, body FROM result_cache WHERE key IN ({marks})",
+                        chunk,
+                    ).fetchall()
+                    found.update((str(r[0]), (int(r[1]), r[2])) for r in rows)
+            except sqlite3.Error as exc:
+                log.warning("result cache read failed (%s); treated as misses", exc)
+                return {}
+            if count_hit and found:
+                for key in found:
+                    self._hits[key] = self._hits.get(key, 0) + 1
+                self._maybe_flush()
+        return {k: CachedAnswer(status_code=s, body=orjson.loads(b)) for k, (s, b) in found.items()}
 
     def put(
         self, key: str, *, endpoint: str, model: str, status_code: int, body: dict[str, Any]
@@ -148,22 +177,16 @@ class ResultCache:
         self._puts, self._hits = {}, {}
         now = time.time()
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
+            with self._state.transaction() as db:
+                db.executemany(
                     "INSERT OR REPLACE INTO result_cache(key, endpoint, model, status_code, "
                     "body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                     [(k, *v) for k, v in puts.items()],
                 )
-                self._db.executemany(
+                db.executemany(
                     "UPDATE result_cache SET hits = hits + ?, hit_at = ? WHERE key = ?",
                     [(n, now, k) for k, n in hits.items()],
                 )
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             log.warning(
                 "result cache: %d new entries and %d hit counts not written to %s: %s",
@@ -182,7 +205,7 @@ class ResultCache:
         """Write what is queued and close the connection."""
         with self._lock:
             self._flush()
-            self._db.close()
+            self._state.close()
 
     # ------------------------------------------------------------------ maintenance
 
@@ -223,3 +246,8 @@ class ResultCache:
             sql += " WHERE " + " AND ".join(conditions)
         with self._lock:
             return int(self._db.execute(sql, args).rowcount)
+
+
+def _chunks(keys: list[str], size: int = 500) -> list[list[str]]:
+    """``keys`` in groups small enough for one ``IN (...)`` (SQLite's variable limit)."""
+    return [keys[i : i + size] for i in range(0, len(keys), size)]

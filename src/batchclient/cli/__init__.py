@@ -33,8 +33,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .._engine_defaults import quick_engine_stops
 from ..errors import BatchClientError, ConfigurationError
 from ..jobs import default_state_dir
+from ._signals import exit_now, sigterm_as_interrupt
 
 Handler = Callable[[argparse.Namespace], int]
 Register = Callable[
@@ -178,11 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``batchclient`` console script; returns the exit status (0 success,
-    1 a job that did not complete or an error, 2 bad usage, 130 interrupted)."""
+    1 a job that did not complete or an error, 2 bad usage, 130 interrupted: Ctrl-C or
+    SIGTERM, both of which stop every process the command started). Called without
+    ``argv`` (the console script, ``python -m batchclient.cli``) it ends the process itself
+    (:func:`._signals.exit_now`: without the interpreter's teardown, 5-15 s once vLLM is
+    imported)."""
+    code = _main(argv)
+    if argv is None:  # the command line itself: the process ends here
+        exit_now(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.func
     try:
-        return handler(args)
+        # SIGTERM stops a command as Ctrl-C does; engines get a short grace (the process
+        # exits right after, and its resource tracker cleans what a killed engine leaves)
+        with sigterm_as_interrupt(), quick_engine_stops():
+            return handler(args)
     except KeyboardInterrupt:
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return 130

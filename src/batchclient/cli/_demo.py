@@ -150,26 +150,32 @@ def _write_answers(path: Path, samples: Sequence[SharegptSample], runs: list[Mod
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _remote_runs(
+    url: str, samples: Sequence[SharegptSample], args: argparse.Namespace, console: Console
+) -> list[ModeRun]:
+    mode = f"remote x{args.concurrency}"
+    return [
+        await _run_remote(url, mode, samples, args.max_tokens, args.concurrency, console),
+        await _run_remote(
+            url, "one at a time", samples[: args.sequential], args.max_tokens, 1, console
+        ),
+    ]
+
+
+def _main(args: argparse.Namespace) -> None:
+    # The server is started and stopped outside the event loop, and each phase runs its own
+    # loop: Ctrl-C or SIGTERM while the server starts (a blocking wait of about 45 s) then
+    # interrupts at once, and stopping it never holds up an event loop.
     console = Console()
     console.print(f"Sampling {args.n} ShareGPT conversations (seed {args.seed}) ...")
     samples = sample_sharegpt(args.n, seed=args.seed)
     console.print("Starting the vLLM OpenAI server with the bundled SmolLM2-135M-Instruct ...")
-    runs: list[ModeRun] = []
     with vllm_server(verbose=args.verbose) as url:
         console.print(f"Server ready at {url}")
-        mode = f"remote x{args.concurrency}"
-        runs.append(
-            await _run_remote(url, mode, samples, args.max_tokens, args.concurrency, console)
-        )
-        runs.append(
-            await _run_remote(
-                url, "one at a time", samples[: args.sequential], args.max_tokens, 1, console
-            )
-        )
+        runs = anyio.run(_remote_runs, url, samples, args, console)
     if args.inline:
         console.print("Server stopped. Starting the vLLM engine in this process (inline) ...")
-        runs.append(await _run_inline(samples, args.max_tokens, console, args.verbose))
+        runs.append(anyio.run(_run_inline, samples, args.max_tokens, console, args.verbose))
     console.print(_table(runs))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "answers.jsonl"
@@ -203,5 +209,5 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    anyio.run(_main, args)
+    _main(args)
     return 0

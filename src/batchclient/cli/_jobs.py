@@ -1,4 +1,5 @@
-"""``batchclient jobs``: list, inspect, cancel and export the batches of a state directory."""
+"""``batchclient jobs``: list, inspect, cancel, resume and export the batches of a state
+directory."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..jobs import JobManager
+from ..types import Batch, BatchEta
 
 
 def add_jobs_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     jobs = p.add_subparsers(
-        dest="jobs_command", required=True, metavar="{list,status,cancel,result}"
+        dest="jobs_command", required=True, metavar="{list,status,cancel,resume,result}"
     )
     ls = jobs.add_parser(
         "list", parents=[common], help="the jobs of the state directory, newest first"
@@ -25,13 +27,25 @@ def add_jobs_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentPars
     ls.add_argument("--json", action="store_true", help="one JSON job record per line")
     ls.set_defaults(func=_jobs_list)
     st = jobs.add_parser(
-        "status", parents=[common], help="a job's record (OpenAI batch object, JSON)"
+        "status",
+        parents=[common],
+        help="a job's record (OpenAI batch object, JSON, with progress and ETA while it runs; "
+        "a summary line on stderr)",
     )
     st.add_argument("job_id")
     st.set_defaults(func=_jobs_status)
     ca = jobs.add_parser("cancel", parents=[common], help="cancel a job, keeping finished results")
     ca.add_argument("job_id")
     ca.set_defaults(func=_jobs_cancel)
+    rs = jobs.add_parser(
+        "resume",
+        parents=[common],
+        help="reopen a job that failed after validation (its output did not fit, its disk was "
+        "full or read-only), once the cause is fixed; a server on the state directory takes "
+        "it up within seconds",
+    )
+    rs.add_argument("job_id")
+    rs.set_defaults(func=_jobs_resume)
     re = jobs.add_parser(
         "result",
         parents=[common],
@@ -90,12 +104,28 @@ def _when(ts: int) -> str:
 
 
 def _jobs_status(args: argparse.Namespace) -> int:
-    async def go() -> str:
+    async def go() -> Batch:
         async with _manager(args) as m:
-            return (await m.batches.retrieve(args.job_id)).model_dump_json(indent=2)
+            return await m.batches.retrieve(args.job_id)
 
-    print(anyio.run(go))
+    job = anyio.run(go)
+    print(job.model_dump_json(indent=2))
+    if job.progress is not None:
+        print(f"{job.id}: {progress_line(job.progress)}", file=sys.stderr)
     return 0
+
+
+def progress_line(progress: BatchEta) -> str:
+    """``25.0 % done, 3.2 requests/s, about 1m20s left`` (rate and time when known)."""
+    parts = [f"{progress.completed_fraction * 100:.1f} % done"]
+    if progress.requests_per_s is not None:
+        parts.append(f"{progress.requests_per_s:.3g} requests/s")
+    if progress.eta_s is not None:
+        minutes, seconds = divmod(round(progress.eta_s), 60)
+        hours, minutes = divmod(minutes, 60)
+        left = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+        parts.append(f"about {left} left")
+    return ", ".join(parts)
 
 
 def _jobs_cancel(args: argparse.Namespace) -> int:
@@ -104,6 +134,20 @@ def _jobs_cancel(args: argparse.Namespace) -> int:
             return (await m.batches.cancel(args.job_id)).status
 
     print(f"{args.job_id}: {anyio.run(go)}")
+    return 0
+
+
+def _jobs_resume(args: argparse.Namespace) -> int:
+    async def go() -> str:
+        async with _manager(args) as m:
+            return (await m.batches.resume(args.job_id)).status
+
+    print(
+        f"{args.job_id}: {anyio.run(go)}; only lines without a result will be sent. A "
+        "`batchclient serve` running on this state directory takes it up within a few seconds; "
+        "otherwise the next client with the job's provider started on it does (`batchclient "
+        "run` with the same input and provider: run it again)."
+    )
     return 0
 
 

@@ -12,11 +12,19 @@ import argparse
 import os
 from typing import Any
 
+from .. import _registry as registry
 from ..errors import ConfigurationError
 
 
 def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--provider", choices=("vllm", "remote"), default="vllm")
+    p.add_argument(
+        "--provider",
+        choices=list(registry.PROVIDERS),
+        default="vllm",
+        help="vllm: an engine in this process (default); remote: an OpenAI-compatible server; "
+        "ray: engine replicas on Ray; batch-api: a remote Batch API; anthropic-batch, "
+        "gemini-batch: refused (chat only; lm-eval's requests need /v1/completions)",
+    )
     p.add_argument(
         "--model",
         default=None,
@@ -94,6 +102,11 @@ def lm_eval_command(args: argparse.Namespace) -> int:
             raise ConfigurationError(
                 f"{flag} is set by batchclient lm-eval; give the model's options before `--`"
             )
+    if args.provider in ("anthropic-batch", "gemini-batch"):  # before lm-eval loads its tasks
+        raise ConfigurationError(
+            f"lm-eval's requests (generate_until, loglikelihood) go to /v1/completions, which "
+            f"--provider {args.provider} does not serve (chat only)"
+        )
     if args.api_key:  # never on the command line: the model reads it from the environment
         os.environ["OPENAI_API_KEY"] = args.api_key
     try:

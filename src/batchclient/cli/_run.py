@@ -44,15 +44,21 @@ from rich.progress import (
 )
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from .. import _registry as registry
 from .._core.client import BatchClient
 from .._core.provider import Provider
+from ..batchapi import FLAVORS, PRICE_NOTES, flavor_of
 from ..errors import ConfigurationError
-from ..jobs import JobManager, WriteRetry, describe, estimate_file
-from ..jobs._validate import is_blank, iter_lines, parse_line
-from ..types import Batch, Endpoint
+from ..jobs import (
+    JobManager,
+    WriteRetry,
+    describe,
+    estimate_file,
+    file_endpoint,
+)
+from ..types import Batch, BatchStatus
 
 RUN_KEY = "batchclient_run"
-_ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,7 +117,8 @@ def add_provider_arguments(
     the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys). ``batch_api``
     adds ``--provider batch-api`` and its options (``run`` only: a remote Batch API runs whole
     files, not the one request at a time a server in front of it would send)."""
-    choices = ("remote", "vllm", "ray", "batch-api") if batch_api else ("remote", "vllm", "ray")
+    # the batch providers (no result cache) run whole files: ``run`` only
+    choices = [name for name, e in registry.PROVIDERS.items() if batch_api or e.cache]
     p.add_argument(
         "--provider",
         choices=choices,
@@ -120,38 +127,62 @@ def add_provider_arguments(
         "process; ray: engine replicas as Ray actors"
         + (
             "; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
-            "discounted batches, or a `batchclient serve`)"
+            "discounted batches, or a `batchclient serve`); anthropic-batch: Anthropic Message "
+            "Batches (key: --api-key or $ANTHROPIC_API_KEY); gemini-batch: the Gemini Batch API "
+            "(key: --api-key, $GEMINI_API_KEY or $GOOGLE_API_KEY)"
             if batch_api
             else ""
         ),
     )
     where = "remote, batch-api" if batch_api else "remote"
-    p.add_argument("--base-url", help=f"{where}: API root ending in /v1")
+    others = "; anthropic-batch, gemini-batch: " if batch_api else ""
+    p.add_argument(
+        "--base-url",
+        help=f"{where}: API root ending in /v1"
+        + (f"{others}the API root (default: the provider's own)" if others else ""),
+    )
     p.add_argument(
         api_key_flag,
         dest="upstream_api_key",
         metavar="KEY",
-        default=os.environ.get("OPENAI_API_KEY"),
-        help=f"{where}: bearer token sent to --base-url (default $OPENAI_API_KEY)",
+        default=None,
+        help=f"{where}: bearer token sent to --base-url (default $OPENAI_API_KEY; for a "
+        "Together, Groq or Mistral host: $TOGETHER_API_KEY, $GROQ_API_KEY, $MISTRAL_API_KEY)"
+        + (
+            f"{others}their key (default $ANTHROPIC_API_KEY; $GEMINI_API_KEY or $GOOGLE_API_KEY)"
+            if others
+            else ""
+        ),
     )
     if batch_api:
+        p.add_argument(
+            "--flavor",
+            choices=sorted(FLAVORS),
+            default=None,
+            help="batch-api: which provider's variant of the Batch API (default: from the "
+            "--base-url host, api.together.xyz / api.groq.com / api.mistral.ai, else openai)",
+        )
         p.add_argument(
             "--poll-interval",
             type=float,
             default=10.0,
-            help="batch-api: seconds between two polls of a remote batch (default 10)",
+            help="batch-api, anthropic-batch, gemini-batch: seconds between two polls of a "
+            "remote batch (default 10)",
         )
         p.add_argument(
             "--max-lines",
             type=int,
-            default=50_000,
-            help="batch-api: most requests in one remote batch; more are split (default 50000)",
+            default=None,
+            help="batch-api, anthropic-batch, gemini-batch: most requests in one remote batch; "
+            "more are split (default: the flavour's or provider's limit, 50000 for batch-api)",
         )
         p.add_argument(
             "--max-bytes",
             type=int,
-            default=200 * 1024 * 1024,
-            help="batch-api: largest remote input file in bytes (default 200 MiB)",
+            default=None,
+            help="batch-api, anthropic-batch, gemini-batch: largest remote batch in bytes "
+            "(default: the flavour's or provider's limit, 200 MiB for openai, 100 MiB for the "
+            "other flavours)",
         )
     p.add_argument(
         "--max-concurrency",
@@ -238,40 +269,79 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def make_provider(args: argparse.Namespace) -> Provider:
-    """The provider the options of :func:`add_provider_arguments` describe (not started).
-    Raises ``ConfigurationError`` for options that do not fit together."""
-    if args.provider == "remote":
+def provider_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The registry options (:func:`batchclient._registry.make_client`) that the flags of
+    :func:`add_provider_arguments` give ``--provider``: only the flags that provider reads, and
+    only those given (the provider's own defaults otherwise)."""
+    name = args.provider
+    options: dict[str, Any]
+    if name in ("anthropic-batch", "gemini-batch"):
+        if getattr(args, "flavor", None) is not None:  # said, so not to be dropped in silence
+            raise ConfigurationError(f"--flavor is for --provider batch-api, not {name}")
+        key = args.upstream_api_key
+        if getattr(args, "dry_run", False) and not key:
+            key = "unused-by-dry-run"  # nothing is sent, so an estimate needs no key
+        options = {"api_key": key, "base_url": args.base_url}
+        options.update(poll_interval=args.poll_interval, timeout=args.timeout)
+        if args.max_retries is not None:
+            options["max_retries"] = args.max_retries
+        for dest in ("max_lines", "max_bytes"):  # the clients' packing (their defaults else)
+            if getattr(args, dest, None) is not None:
+                options[dest] = getattr(args, dest)
+        return options
+    if name in ("remote", "batch-api"):
         if not args.base_url:
-            raise ConfigurationError("--provider remote needs --base-url")
-        from ..remote import RemoteProvider
-
-        return RemoteProvider(
-            args.base_url,
-            args.upstream_api_key,
-            max_concurrency=args.max_concurrency or 64,
-            max_retries=4 if args.max_retries is None else args.max_retries,
-            timeout=args.timeout,
-        )
-    engine_args = _key_values(args.engine_arg, "--engine-arg")
-    max_concurrency = {"max_concurrency": args.max_concurrency} if args.max_concurrency else {}
-    if args.provider == "ray":
-        from ..distributed import RayProvider  # Ray itself is imported when it starts
-
-        return RayProvider(
-            args.model,
+            raise ConfigurationError(f"--provider {name} needs --base-url")
+        flavor = getattr(args, "flavor", None) if name == "batch-api" else None
+        key = args.upstream_api_key or os.environ.get(_key_variable(flavor, args.base_url))
+        options = {"base_url": args.base_url, "api_key": key}
+        options["timeout"] = args.timeout
+        if args.max_retries is not None:
+            options["max_retries"] = args.max_retries
+        if name == "batch-api":
+            options.update(
+                poll_interval=args.poll_interval,
+                max_lines=args.max_lines,
+                max_bytes=args.max_bytes,
+                completion_window=args.completion_window,
+                flavor=flavor,
+            )
+        elif args.max_concurrency:
+            options["max_concurrency"] = args.max_concurrency
+        return options
+    options = {"model": args.model}
+    if args.max_concurrency:
+        options["max_concurrency"] = args.max_concurrency
+    if name == "ray":
+        options.update(
             replicas=args.replicas,
             address=args.ray_address,
             resources_per_replica=_key_values(args.replica_resource, "--replica-resource"),
             cores_per_replica=args.cores_per_replica,
-            **max_concurrency,
-            **engine_args,
         )
-    from ..inline import VLLMProvider  # vLLM itself is imported when the engine starts
+    else:
+        options["verbose"] = getattr(args, "verbose", False)
+    engine_args = _key_values(args.engine_arg, "--engine-arg")
+    taken = sorted(set(engine_args) & set(options))
+    if taken:
+        raise ConfigurationError(
+            f"--engine-arg {', '.join(taken)}: give these with their own flags"
+        )
+    return {**options, **engine_args}
 
-    return VLLMProvider(
-        args.model, verbose=getattr(args, "verbose", False), **max_concurrency, **engine_args
-    )
+
+def _key_variable(flavor: str | None, base_url: str) -> str:
+    """The environment variable holding the key for a flavour (named, or read from the URL):
+    an OpenAI key is never sent to another provider's host."""
+    name = flavor_of(flavor, base_url or "").name
+    return f"{name.upper()}_API_KEY"
+
+
+def make_provider(args: argparse.Namespace) -> Provider:
+    """The provider the options of :func:`add_provider_arguments` describe (not started), from
+    the provider registry. Raises ``ConfigurationError`` for options that do not fit
+    together."""
+    return registry.make_provider(args.provider, **provider_options(args))
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, Any]:
@@ -289,32 +359,14 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any]:
 
 
 def make_client(args: argparse.Namespace) -> BatchClient:
-    """The client ``run`` uses: :func:`make_provider` with the ``--state-dir`` and ``--cache``
-    (``batch-api``: :class:`~batchclient.BatchAPIBatchInference`, which runs whole jobs)."""
-    state_dir = getattr(args, "state_dir", None)
-    if args.provider == "batch-api":
-        if not args.base_url:
-            raise ConfigurationError("--provider batch-api needs --base-url")
-        if getattr(args, "cache", False):
-            raise ConfigurationError(
-                "--cache is not available with --provider batch-api (running the same command "
-                "again re-attaches to its remote batches instead)"
-            )
-        from ..batchapi import BatchAPIBatchInference
-
-        return BatchAPIBatchInference(
-            args.base_url,
-            args.upstream_api_key,
-            poll_interval=args.poll_interval,
-            max_lines=args.max_lines,
-            max_bytes=args.max_bytes,
-            completion_window=args.completion_window,
-            timeout=args.timeout,
-            **({} if args.max_retries is None else {"max_retries": args.max_retries}),
-            state_dir=state_dir,
-        )
-    return BatchClient(
-        make_provider(args), state_dir=state_dir, cache=getattr(args, "cache", False)
+    """The client ``run`` uses: the registry's client of ``--provider`` with the
+    ``--state-dir`` and ``--cache`` (``batch-api``: :class:`~batchclient.BatchAPIBatchInference`,
+    which runs whole jobs)."""
+    return registry.make_client(
+        args.provider,
+        state_dir=getattr(args, "state_dir", None),
+        cache=getattr(args, "cache", False),
+        **provider_options(args),
     )
 
 
@@ -378,6 +430,12 @@ def _dry_run(client: BatchClient, args: argparse.Namespace) -> int:
     estimate = anyio.run(go)
     for line in describe(estimate):
         print(line)
+    flavor = getattr(client.provider, "flavor", None)
+    if not isinstance(flavor, str) and args.provider in PRICE_NOTES:
+        flavor = args.provider
+    if estimate.cost_usd is not None and isinstance(flavor, str):
+        note = PRICE_NOTES[flavor]
+        print(f"batch price:       the prices given, as {flavor}'s batch prices ({note})")
     return 0 if estimate.ok else 1
 
 
@@ -394,7 +452,7 @@ async def _run(
             j for j in await client.batches.list() if (j.metadata or {}).get(RUN_KEY) == key
         ]
         latest = previous[0] if previous else None
-        if latest is not None and latest.status in _ACTIVE:
+        if latest is not None and latest.status in BatchStatus.ACTIVE:
             if not client.batches.running_here(latest.id):
                 raise ConfigurationError(
                     f"job {latest.id} for this input is being run by another process "
@@ -414,7 +472,7 @@ async def _run(
         else:
             reuse = latest.id if latest is not None and latest.status != "failed" else None
             record = await client.files.create(args.input)
-            endpoint = await anyio.to_thread.run_sync(_endpoint_of, args.input)
+            endpoint = await anyio.to_thread.run_sync(file_endpoint, args.input)
             job_id = (
                 await client.batches.create(
                     record.id,
@@ -493,28 +551,15 @@ async def _follow(client: BatchClient, job_id: str, console: Console, *, show: b
                 cached=job.cache_hits,
                 tps=(job.usage.output_tokens - start_tokens) / elapsed,
             )
-            if job.status not in _ACTIVE:
+            if job.status not in BatchStatus.ACTIVE:
                 return job
             if not client.batches.running_here(job_id):
-                # it stopped here without reaching a terminal state: a failure that could not
-                # be recorded (a full disk) makes ``wait`` raise it; anything else returns
+                # it stopped here without reaching a terminal state (a failure that could not
+                # be recorded reads ``failed`` already): wait for whoever finishes it
                 job = await client.batches.wait(job_id)
                 continue
             await anyio.sleep(0.25)
             job = await client.batches.retrieve(job_id)
-
-
-def _endpoint_of(path: Path) -> str:
-    """The batch's endpoint: the ``url`` of the file's first request line when it names one of
-    the OpenAI batch endpoints (validation then holds every line to it), else chat."""
-    with path.open("rb") as f:
-        for _, raw in iter_lines(f):
-            if raw is None or is_blank(raw):
-                continue
-            obj, _problem = parse_line(raw)
-            url = obj.get("url") if obj is not None else None
-            return url if url in {e.value for e in Endpoint} else Endpoint.chat_completions.value
-    return Endpoint.chat_completions.value
 
 
 def _sha256(path: Path) -> str:

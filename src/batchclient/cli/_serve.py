@@ -1,30 +1,41 @@
 """``batchclient serve``: the OpenAI Files + Batches API (and the original ``/batch-inference``
 routes) over HTTP, in front of a provider, on uvicorn (guide: ``docs/server.md``).
 
-Start-up: the provider is started and every tenant's unfinished batches resume before the port
-opens. SIGTERM or Ctrl-C: the port stops accepting, open requests get up to
-:data:`GRACE_S` seconds, then running batches are paused (they resume on the next start on the
-same state directory) and the provider stops.
+Start-up: the port opens at once; ``GET /health`` answers 200 from then on, ``GET /ready`` and
+every API route 503 until the provider has started and every tenant's unfinished batches have
+resumed (then ``/ready`` answers 200). SIGTERM or Ctrl-C: the port stops accepting, open
+requests get up to :data:`GRACE_S` seconds, then running batches are paused (they resume on the
+next start on the same state directory) and the provider stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
 import anyio
 
 from ..errors import ConfigurationError
 from ._run import add_provider_arguments, make_provider
 
+# the server's limits, without importing the server extra (FastAPI) for --help
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_KEEP_ALIVE = 5.0
+DEFAULT_MAX_CONNECTIONS = 1000
+WILDCARDS = ("0.0.0.0", "::", "")
+
 GRACE_S = 5
 """Seconds open requests get after SIGTERM before they are cancelled."""
 KEYS_ENV = "BATCHCLIENT_API_KEYS"
+WEBHOOK_SECRET_ENV = "BATCHCLIENT_WEBHOOK_SECRET"
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +69,77 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=1000,
         help="most conversations per POST /batch-inference/chat-completion (default 1000)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve GET /metrics on 127.0.0.1:PORT without keys (it is served on the main "
+        "port too, behind the keys)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides localhost, 127.0.0.1, ::1 and the --host address "
+        "(others get 421); repeatable; .example.com: the domain and its subdomains; *: any",
+    )
+    p.add_argument(
+        "--cors-origin",
+        dest="cors_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (https://app.example.com) whose pages may call this server from a "
+        "browser; repeatable (default: none, no CORS headers)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="S",
+        help=f"seconds a connection has to send each request head, else it is closed "
+        f"(default {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="S",
+        help=f"a request body must bring 1 KiB in every S seconds of waiting, else 408 "
+        f"(default {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=DEFAULT_KEEP_ALIVE,
+        metavar="S",
+        help=f"seconds an idle kept-alive connection stays open (default {DEFAULT_KEEP_ALIVE:g})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections open at once; more are closed as they arrive "
+        f"(default {DEFAULT_MAX_CONNECTIONS}; keep ulimit -n above it)",
+    )
+    p.add_argument(
+        "--webhook-url",
+        default=None,
+        metavar="URL",
+        help="POST a signed batch.completed/failed/expired/cancelled event (OpenAI's shape, "
+        "Standard Webhooks signature) to URL whenever a batch ends; retried, at least once",
+    )
+    p.add_argument(
+        "--webhook-secret",
+        default=None,
+        metavar="whsec_...",
+        help=f"the webhooks' signing secret (default ${WEBHOOK_SECRET_ENV}, which keeps it out "
+        "of the process list)",
+    )
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
     p.add_argument(
@@ -68,11 +150,37 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+FILES_KEPT = 128 + 100
+"""File descriptors kept for the server's own use (databases, upstream connections, logs) and
+for connections accepted at once before they are counted (the listen backlog, 100)."""
+
+
+def _within_file_limit(wanted: int) -> int:
+    """``wanted`` connections, lowered to fit the open-files limit: past it, every accept fails
+    and asyncio logs a traceback for each (hundreds of MB a minute), and nothing is answered."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # not POSIX
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FILES_KEPT))
+
+
 def api_keys(args: argparse.Namespace) -> list[str]:
     """``--api-key`` values, else ``$BATCHCLIENT_API_KEYS`` (comma-separated)."""
     if args.api_keys:
         return list(args.api_keys)
     return [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
+
+
+def webhook_secret(args: argparse.Namespace) -> str | None:
+    """``--webhook-secret``, else ``$BATCHCLIENT_WEBHOOK_SECRET`` when a URL is given."""
+    if args.webhook_secret is None and args.webhook_url is not None:
+        return os.environ.get(WEBHOOK_SECRET_ENV) or None
+    return str(args.webhook_secret) if args.webhook_secret is not None else None
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -89,6 +197,18 @@ def serve_command(args: argparse.Namespace) -> int:
         )
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         raise ConfigurationError("--ssl-certfile and --ssl-keyfile go together")
+    for flag, value in (
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+        ("--keep-alive-timeout", args.keep_alive_timeout),
+        ("--max-connections", args.max_connections),
+    ):
+        if not value > 0:
+            raise ConfigurationError(f"{flag} must be > 0")
+    max_connections = _within_file_limit(args.max_connections)
+    hosts = list(args.allowed_hosts)
+    if args.host not in WILDCARDS:
+        hosts.append(args.host)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -102,10 +222,27 @@ def serve_command(args: argparse.Namespace) -> int:
         max_upload_bytes=int(args.max_upload_mib * 1024 * 1024),
         max_sync_conversations=args.max_sync_conversations,
         cache=args.cache,
+        allowed_hosts=hosts,
+        cors_origins=args.cors_origins,
+        body_timeout=args.body_timeout,
+        webhook_url=args.webhook_url,
+        webhook_secret=webhook_secret(args),
     )
-    logging.getLogger("batchclient.server").info(
-        "provider %s; %d key(s)", json.dumps(provider.identity(), sort_keys=True), len(keys)
-    )
+    log = logging.getLogger("batchclient.server")
+    log.info("provider %s; %d key(s)", json.dumps(provider.identity(), sort_keys=True), len(keys))
+    if max_connections < args.max_connections:
+        log.warning(
+            "--max-connections %d lowered to %d: the open-files limit (ulimit -n) is %d and the "
+            "server needs files of its own; raise the limit to allow more",
+            args.max_connections, max_connections, max_connections + FILES_KEPT,
+        )  # fmt: skip
+    args.max_connections = max_connections
+    if args.host in WILDCARDS and not args.allowed_hosts:
+        log.warning(
+            "listening on %s but answering only Host names localhost, 127.0.0.1 and ::1: "
+            "give --allowed-host NAME for each name clients use to reach this machine",
+            args.host or "every address",
+        )
     received: list[int] = []
 
     def remember(sig: int, frame: FrameType | None) -> None:
@@ -124,7 +261,16 @@ async def _serve(app: object, args: argparse.Namespace, received: list[int]) -> 
     import uvicorn
     from fastapi import FastAPI
 
+    from ..server import http_protocol, metrics_app, serve_starting, uvicorn_options
+
     assert isinstance(app, FastAPI)
+    limits = uvicorn_options(
+        header_timeout=args.header_timeout,
+        keep_alive=args.keep_alive_timeout,
+        max_connections=args.max_connections,
+    )
+    # requests the parser refuses (an over-long URL) answered in OpenAI's envelope
+    limits["http"] = http_protocol(limits["http"])
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -135,7 +281,18 @@ async def _serve(app: object, args: argparse.Namespace, received: list[int]) -> 
         timeout_graceful_shutdown=GRACE_S,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        **limits,
     )
-    async with app.router.lifespan_context(app):
-        if not received:  # a signal during start-up: stop without serving
-            await uvicorn.Server(config).serve()
+    others = []
+    if args.metrics_port is not None:
+
+        class Quiet(uvicorn.Server):  # the main server handles the signals, and stops this one
+            def capture_signals(self) -> Any:
+                return contextlib.nullcontext()
+
+        metrics = uvicorn.Config(
+            metrics_app(app.state.metrics), host="127.0.0.1", port=args.metrics_port,
+            lifespan="off", log_config=None, access_log=False,
+        )  # fmt: skip
+        others.append(Quiet(metrics))
+    await serve_starting(app, uvicorn.Server(config), *others)

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import psutil
 
-from ..inline._binding import affinity, core_list, split
+from .._cpu import affinity, core_list, split
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's name prefix

@@ -1,13 +1,15 @@
-"""``RayProvider``: N engine replicas as Ray actors behind the remote provider's replica router,
-and ``RayBatchInference``, the client over it.
+"""``RayProvider``: N engine replicas as Ray actors behind the shared replica router, and
+``RayBatchInference``, the client over it.
 
 Each replica is one Ray actor holding one inline engine (:mod:`._replica`). Requests are
-dispatched by the remote provider's :class:`~batchclient.remote._endpoints.Dispatcher`: each
+dispatched by the replica router the remote provider uses (``batchclient._routing``): each
 takes a slot on the least-loaded replica (in flight relative to its limit, ``max_concurrency``
 per replica). A replica whose actor dies is ejected at once and every request it had in flight
 is sent again to the others (Ray raises ``RayActorError`` in each caller within milliseconds);
 when Ray restarts the actor (``max_restarts``), a background task builds its new engine and takes
-it back. Guide: ``docs/scale-out.md``.
+it back. The replicas serve what their engine serves (chat, completions and scoring; embeddings
+on a pooling engine), and the scoring calls tokenise with the engines' own tokenizer
+(:mod:`._tokenizer`). Guide: ``docs/scale-out.md``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ from typing import Any
 import anyio
 
 from .._core.client import BatchClient
+from .._core.prefix import prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.tokens import Tokenizer
+from .._cpu import affinity
+from .._routing.adaptive import AdaptiveSettings
+from .._routing.dispatch import Dispatcher, EndpointUnavailable, Replica
+from .._routing.rates import RateBuckets
 from ..errors import (
     BatchClientError,
     ConfigurationError,
@@ -33,12 +41,10 @@ from ..errors import (
     ErrorCode,
     ModelNotFoundError,
 )
-from ..inline._binding import affinity
 from ..models import BUNDLED_MODEL_NAME
-from ..remote._adaptive import AdaptiveSettings
-from ..remote._endpoints import Dispatcher, EndpointUnavailable, Replica
-from ..remote._rates import RateBuckets
+from ..types import Endpoint
 from . import _cores
+from ._tokenizer import ReplicaTokenizer
 
 __all__ = ["RayBatchInference", "RayProvider"]
 
@@ -46,6 +52,8 @@ _INSTALL_HINT = "the Ray provider needs Ray: pip install 'batchclient[ray]'"
 _LANE = "engine"  # one lane per replica: every replica serves the same model
 _EJECTED_S = 24 * 3600.0  # a dead replica stays out until it is known to be back
 _STOP_TIMEOUT_S = 60.0
+_GENERATE = frozenset({Endpoint.chat_completions, Endpoint.completions})
+_POOLING = frozenset({Endpoint.embeddings})
 
 
 class ReplicaHandle:
@@ -124,6 +132,8 @@ class RayProvider(Provider):
         self.tool_call_parser = tool_call_parser
         self.runtime_env = dict(runtime_env or {})
         self.engine_args = dict(engine_args)
+        # as the inline provider: what the engine arguments say until the replicas report
+        self.endpoints = _POOLING if engine_args.get("runner") == "pooling" else _GENERATE
         self.handles: list[ReplicaHandle] = []
         self._dispatcher: Dispatcher | None = None
         self._owns_ray = False
@@ -146,7 +156,7 @@ class RayProvider(Provider):
             self.handles = [ReplicaHandle(i, a) for i, a in enumerate(self._attached.actors)]
             for handle, info in zip(self.handles, self._attached.infos, strict=True):
                 handle.info = info
-            self._names = frozenset(self._attached.infos[0].names)
+            self._took(self._attached.infos[0])
             self._dispatcher = self._build_dispatcher()
             return
         try:
@@ -178,12 +188,18 @@ class RayProvider(Provider):
                 raise _start_error(problems[0])
             for handle, info in zip(self.handles, infos, strict=True):
                 handle.info = info
-            self._names = frozenset(infos[0].names)  # type: ignore[union-attr]
+            self._took(infos[0])
             self._dispatcher = self._build_dispatcher()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.stop()
             raise
+
+    def _took(self, info: Any) -> None:
+        """What every replica serves (they run one configuration): the model's names and the
+        endpoints of its engine (a model may make it a pooling one by itself)."""
+        self._names = frozenset(info.names)
+        self.endpoints = frozenset(Endpoint(e) for e in info.endpoints)
 
     def _connect(self, ray: Any) -> None:
         """Join the Ray this process already uses, the cluster at ``address``, or start a local
@@ -295,7 +311,12 @@ class RayProvider(Provider):
         return None if self._dispatcher is None else self._dispatcher.concurrency_limit()
 
     def identity(self) -> dict[str, Any]:
-        return {"provider": "ray", "model": str(self.model or BUNDLED_MODEL_NAME)}
+        # the replicas' dtype as this node's hardware chooses it (each replica chooses by its own)
+        model = str(self.model or BUNDLED_MODEL_NAME)
+        identity = {"provider": "ray", "model": model, "dtype": self._inline().dtype}
+        if self.endpoints == _POOLING:  # as the inline provider's: embeddings differ
+            identity["runner"] = "pooling"
+        return identity
 
     def _inline(self) -> Any:
         """The inline provider each replica builds (not started): its cache identity and model
@@ -318,6 +339,23 @@ class RayProvider(Provider):
         if model not in self._names:
             raise ModelNotFoundError(model, sorted(self._names))
 
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """The engines' own tokenizer, asked of a live replica for each call (the driver loads
+        nothing). Raises ``ConfigurationError`` before start, ``ModelNotFoundError`` for a
+        model the replicas do not serve."""
+        if not self.handles:
+            raise ConfigurationError("the replicas are not running: use the client in `async with`")
+        await self.check_model(model)
+        return ReplicaTokenizer(model, self._live_actors)
+
+    def _live_actors(self) -> list[Any]:
+        """The replicas' actors, those in service first (an ejected one may be restarting)."""
+        now = time.monotonic()
+        dispatcher = self._dispatcher
+        replicas = [] if dispatcher is None else dispatcher.endpoints
+        ready = [_handle(r) for r in replicas if r.ejected_until <= now]
+        return [h.actor for h in ready] + [h.actor for h in self.handles if h not in ready]
+
     # ------------------------------------------------------------------ one request
 
     async def execute(self, request: Request) -> Result:
@@ -325,11 +363,14 @@ class RayProvider(Provider):
         if dispatcher is None:
             return failed(ErrorCode.engine_error, "the replicas are not running")
         avoid: Replica | None = None
+        # the shared prefix's key: requests that share one go to the replica whose prefix
+        # cache holds it, while it has room (``_routing/dispatch.py``)
+        key = prefix_key(request) if len(dispatcher.endpoints) > 1 else None
         while True:
-            lane = dispatcher.try_acquire(_LANE, avoid)
+            lane = dispatcher.try_acquire(_LANE, avoid, key=key)
             if lane is None:
                 try:
-                    lane = await dispatcher.acquire(_LANE, avoid)
+                    lane = await dispatcher.acquire(_LANE, avoid, key=key)
                 except EndpointUnavailable as exc:
                     if not await self._wait_for_a_replica():
                         return failed(ErrorCode.endpoint_unavailable, str(exc))
@@ -473,9 +514,11 @@ class RayBatchInference(BatchClient):
     ``async with``.
 
     The same protocol, per-item errors, jobs and CLI as the other clients. Each replica runs the
-    inline provider's engine (``VLLMBatchInference``'s request path, defaults and errors); the
-    client dispatches each request to the least-loaded replica, ejects a replica whose actor
-    dies and sends its unfinished requests to the others.
+    inline provider's engine (``VLLMBatchInference``'s request path, defaults and errors), so the
+    client serves what that engine serves: chat, ``batch_completion`` and the scoring calls
+    (with the engines' own tokenizer), or ``batch_embeddings`` with ``runner="pooling",
+    convert="embed"``. It dispatches each request to the least-loaded replica, ejects a replica
+    whose actor dies and sends its unfinished requests to the others.
 
     Args:
         model: as ``VLLMBatchInference`` (None: the bundled SmolLM2-135M-Instruct). On a

@@ -4,34 +4,41 @@ actor.
 The driver makes the actor with ``ray.remote(EngineReplica).options(...)`` and calls
 :meth:`EngineReplica.start` (idempotent: a restarted actor is a fresh instance, so the driver
 calls it again to build the new engine). Requests cross as the internal ``Request`` / ``Result``
-pair, so the replica runs exactly the inline provider's request path (rendering, sampling rules,
-per-item errors, aborts on cancellation: Ray cancels the asyncio task of a cancelled call, and
-the provider aborts the engine request). Imported inside Ray worker processes, not by
-``import batchclient``.
+pair, so the replica runs exactly the inline provider's request path for every endpoint its
+engine serves (chat, completions and scoring, or embeddings on a pooling engine; rendering,
+sampling rules, per-item errors, aborts on cancellation: Ray cancels the asyncio task of a
+cancelled call, and the provider aborts the engine request). The scoring calls' tokenizer is the
+engine's own, asked through :meth:`EngineReplica.tokenizer_info` and
+:meth:`EngineReplica.encode`. Imported inside Ray worker processes, not by ``import
+batchclient``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._core.request import Request, Result, failed
-from ..errors import ErrorCode
+from .._core.tokens import TokenizerInfo
+from .._engine_defaults import choose_cores
+from ..errors import ConfigurationError, ErrorCode
 from ..inline import VLLMProvider
-from ..inline._binding import THREADS_BIND
 from ..models import resolve_model
+from ..types import BatchItemError
 from . import _cores
 
 
 @dataclass
 class ReplicaInfo:
-    """What a started replica reports: where it runs, its names, binding and leftovers record."""
+    """What a started replica reports: where it runs, its names, the endpoints its engine
+    serves (``Endpoint`` values), binding and leftovers record."""
 
     node_id: str
     served: str
     names: list[str]
+    endpoints: list[str]
     binding: str | None
     record: dict[str, Any]
 
@@ -78,7 +85,8 @@ class EngineReplica:
         import ray
 
         cores = None
-        if self._cores_per_replica and not os.environ.get(THREADS_BIND) and _is_cpu():
+        # batchclient binds (the rule of every engine: CPU, variable unset): a share of cores
+        if self._cores_per_replica and choose_cores(cpu=_is_cpu()).value is not None:
             self._slot = _cores.claim(self._cores_per_replica)
             cores = self._slot.cores
         provider = VLLMProvider(self._model, cpu_cores=cores, **self._kwargs)
@@ -93,6 +101,7 @@ class EngineReplica:
             node_id=ray.get_runtime_context().get_node_id(),
             served=str(served if isinstance(served, str) else served[0]),
             names=sorted(provider.served_names()),
+            endpoints=sorted(e.value for e in provider.endpoints),
             binding=provider.binding,
             record=record.to_json(),
         )
@@ -102,6 +111,23 @@ class EngineReplica:
         if provider is None:
             return failed(ErrorCode.engine_error, "the replica's engine is not running")
         return await provider.execute(request)
+
+    async def tokenizer_info(self, model: str) -> TokenizerInfo:
+        """The engine's tokenizer's facts (``ModelNotFoundError`` for a model it does not
+        serve, ``ConfigurationError`` while its engine is not running)."""
+        return await (await self._running().tokenizer(model)).info()
+
+    async def encode(
+        self, model: str, texts: Sequence[str], add_special_tokens: bool
+    ) -> list[list[int] | BatchItemError]:
+        """Token ids of each text by the engine's own tokenizer (as ``Tokenizer.encode``)."""
+        tokenizer = await self._running().tokenizer(model)
+        return await tokenizer.encode(texts, add_special_tokens=add_special_tokens)
+
+    def _running(self) -> VLLMProvider:
+        if self._provider is None:
+            raise ConfigurationError("the replica's engine is not running")
+        return self._provider
 
     async def counts(self) -> tuple[int, int, int]:
         """The engine's (front-end unfinished, running, waiting) request counts."""

@@ -27,6 +27,7 @@ from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import HFTokenizer, Tokenizer
+from .._engine_defaults import EngineDefaults, decide
 from .._logs import is_verbose, vllm_logging
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import (
@@ -105,7 +106,9 @@ class VLLMBatchInference(BatchClient):
             ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``served_model_name``,
             ``max_num_seqs``. Defaults batchclient adds when they are not given: see
             ``docs/inline.md`` (bundled model: ``max_model_len=2048``; CPU builds:
-            ``enforce_eager=True`` and a 2 GiB KV cache unless memory is sized otherwise).
+            ``enforce_eager=True``, a 2 GiB KV cache unless memory is sized otherwise, and
+            ``dtype`` ``bfloat16`` only where the CPU has bfloat16 arithmetic, else
+            ``float32``; GPUs: the checkpoint's dtype). A ``dtype`` given always wins.
             ``runner="pooling", convert="embed"`` makes an embedding engine (it serves
             ``batch_embeddings`` and ``/v1/embeddings`` batches, nothing else; any model,
             the bundled one included); otherwise the engine serves chat and text
@@ -188,6 +191,7 @@ class VLLMProvider(Provider):
         # caller supplied (two clients or two calls can never collide).
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
+        self._defaults: EngineDefaults | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,14 +233,15 @@ class VLLMProvider(Provider):
         given = dict(self.engine_args)
         if not is_verbose(self.verbose):
             given.setdefault("use_tqdm_on_load", False)  # the weight-loading progress bar
-        args = _engine.engine_args(str(ref), served, bundled, given)
+        defaults = self.defaults(cpu=_engine.is_cpu())
+        args = _engine.engine_args(str(ref), served, bundled, given, defaults)
         names = args["served_model_name"]
         self._served = [names] if isinstance(names, str) else list(names)
         self._names = frozenset(
             {str(ref), served, *self._served}
             | ({str(self.model)} if self.model is not None else set())
         )
-        _engine.start(engine, args, self.cpu_cores)
+        _engine.start(engine, args, self.cpu_cores, defaults=defaults)
         # the model may make the engine a pooling one without runner="pooling" being given
         pooling = getattr(engine.llm.model_config, "runner_type", None) == "pooling"
         self.endpoints = _POOLING if pooling else _GENERATE
@@ -247,6 +252,21 @@ class VLLMProvider(Provider):
             with anyio.CancelScope(shield=True):
                 await self._vllm.stop_output_handler(engine)
                 await anyio.to_thread.run_sync(self._vllm.stop, engine)
+
+    def defaults(self, cpu: bool | None = None) -> EngineDefaults:
+        """The engine's hardware-chosen defaults (dtype, KV cache, cores; see
+        ``batchclient._engine_defaults``), decided once per provider: the same before and after
+        ``start``, so identities computed before the engine runs are the run's. ``cpu``:
+        whether vLLM runs on the CPU, when the caller knows (default: asked cheaply)."""
+        if self._defaults is None:
+            self._defaults = decide(self.engine_args, cores=self.cpu_cores, cpu=cpu)
+        return self._defaults
+
+    @property
+    def dtype(self) -> str:
+        """The engine's ``dtype``: the one given, else chosen by the hardware (``float32`` or
+        ``bfloat16`` on CPU, ``auto``, the checkpoint's, on GPUs)."""
+        return self.defaults().dtype.value
 
     @property
     def binding(self) -> str | None:
@@ -261,9 +281,13 @@ class VLLMProvider(Provider):
         return self.max_concurrency
 
     def identity(self) -> dict[str, Any]:
-        # What changes the answers: the model, and whether it embeds. Engine args (memory,
-        # parallelism) do not.
-        identity = {"provider": "vllm", "model": str(self.model or BUNDLED_MODEL_NAME)}
+        # What changes the answers: the model, its dtype, and whether it embeds. Engine args
+        # (memory, parallelism) do not.
+        identity = {
+            "provider": "vllm",
+            "model": str(self.model or BUNDLED_MODEL_NAME),
+            "dtype": self.dtype,
+        }
         if self.endpoints == _POOLING:
             identity["runner"] = "pooling"
         return identity
@@ -275,13 +299,16 @@ class VLLMProvider(Provider):
 
     async def cache_identity(self, model: str) -> dict[str, Any]:
         """The model's resolved path (the bundled one's folder is named after its GGUF's
-        hash), the engine arguments in :data:`OUTPUT_ENGINE_ARGS` (with batchclient's default
-        ``max_model_len`` for the bundled model) and the ``tool_call_parser``. Needs no
-        engine: a dry run computes the same identity as the run."""
+        hash), the engine arguments in :data:`OUTPUT_ENGINE_ARGS` (with batchclient's defaults:
+        the ``dtype`` chosen by the hardware, ``max_model_len`` for the bundled model) and the
+        ``tool_call_parser``. Needs no engine: a dry run computes the same identity as the
+        run."""
         path = await anyio.to_thread.run_sync(self._model_path)
-        args = {k: v for k, v in sorted(self.engine_args.items()) if k in OUTPUT_ENGINE_ARGS}
+        args = {k: v for k, v in self.engine_args.items() if k in OUTPUT_ENGINE_ARGS}
+        args["dtype"] = self.dtype
         if self.model is None or self.model == BUNDLED_MODEL_NAME:
             args.setdefault("max_model_len", BUNDLED_MAX_MODEL_LEN)
+        args = dict(sorted(args.items()))
         return {
             "provider": "vllm",
             "model": model,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.decode import clamp_logprob
 from ..errors import ErrorCode
 from ._mapping import (
     _FLOAT_EXTRAS,
@@ -29,7 +30,6 @@ from ._mapping import (
     _OPENAI_DEFAULTS,
     Refusal,
     _check_no_streaming,
-    _clamp,
     _flag,
     _integer,
     _invalid,
@@ -267,14 +267,15 @@ def legacy_logprobs(
             token = _decoded(step, token_id, decode)
             chosen = step.get(token_id)
             out["token_logprobs"].append(
-                _clamp(float(chosen.logprob)) if chosen is not None else None
+                clamp_logprob(float(chosen.logprob)) if chosen is not None else None
             )
             ranked = sorted(step.items(), key=lambda kv: getattr(kv[1], "rank", None) or 1 << 30)
             alternatives = {
-                _decoded(step, tid, decode): _clamp(float(lp.logprob)) for tid, lp in ranked[:top]
+                _decoded(step, tid, decode): clamp_logprob(float(lp.logprob))
+                for tid, lp in ranked[:top]
             }
             if chosen is not None:
-                alternatives.setdefault(token, _clamp(float(chosen.logprob)))
+                alternatives.setdefault(token, clamp_logprob(float(chosen.logprob)))
             out["top_logprobs"].append(alternatives)
         out["tokens"].append(token)
         out["text_offset"].append(position)
@@ -295,7 +296,7 @@ def prompt_logprobs_json(
             continue
         entry: dict[str, Any] = {}
         for tid, lp in step.items():
-            item = {"logprob": _clamp(float(lp.logprob)), "rank": getattr(lp, "rank", None)}
+            item = {"logprob": clamp_logprob(float(lp.logprob)), "rank": getattr(lp, "rank", None)}
             if decode is not None:
                 item["decoded_token"] = _decoded(step, tid, decode)
             entry[str(tid)] = item

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -35,25 +36,22 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from .. import _cpu as _binding
+from .._engine_defaults import EngineDefaults, decide, stop_grace_s
 from ..models import BUNDLED_MAX_MODEL_LEN
-from . import _binding
-
-DEFAULT_KV_CACHE_BYTES = 2 << 30
-"""KV cache size on CPU when nothing else sizes it (2 GiB: about 58k tokens of SmolLM2-135M)."""
 
 ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 """The engine arguments this vLLM accepts (``AsyncEngineArgs`` fields)."""
 
-_MEMORY_KNOBS = ("gpu_memory_utilization", "kv_cache_memory_bytes")
-_STOP_WAIT_S = 15.0
-# How long the engine core may take to exit on its own before vLLM kills it. vLLM's default
-# (5 s) is shorter than a clean exit takes on a busy CPU (about 8 s seen: workers first), and a
-# killed engine core leaks its shared-memory queues until the interpreter exits.
-_SHUTDOWN_GRACE_S = 30.0
+_KILL_WAIT_S = 5.0  # for a killed process to be gone
 
 
 def engine_args(
-    model: str, served_name: str, bundled: bool, given: Mapping[str, Any]
+    model: str,
+    served_name: str,
+    bundled: bool,
+    given: Mapping[str, Any],
+    defaults: EngineDefaults | None = None,
 ) -> dict[str, Any]:
     """vLLM engine arguments: the caller's, over defaults that make the engine start anywhere.
 
@@ -64,10 +62,11 @@ def engine_args(
     - ``disable_log_stats``: True (no Prometheus or periodic log lines; the per-request
       timings batchclient reports come from its own stat logger, see :class:`EngineCounts`).
     - On a CPU build of vLLM only: ``enforce_eager=True`` (skips torch.compile, which takes
-      minutes on CPU) and, unless ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or the
-      ``VLLM_CPU_KVCACHE_SPACE`` environment variable size the cache, ``kv_cache_memory_bytes``
-      = 2 GiB (vLLM's CPU default, 92 % of the machine's memory, fails unless that much is free).
-      On GPUs vLLM's own defaults (CUDA graphs, ``gpu_memory_utilization`` 0.92) stay.
+      minutes on CPU).
+    - ``dtype`` and the KV cache size by the hardware: ``defaults`` (default: decided here by
+      :func:`batchclient._engine_defaults.decide`; float32 or bfloat16 on CPU, a 2 GiB KV cache
+      on CPU unless something sizes it). On GPUs vLLM's own defaults (CUDA graphs,
+      ``gpu_memory_utilization`` 0.92, the checkpoint's dtype) stay.
     """
     args = dict(given)
     args["model"] = model
@@ -75,12 +74,16 @@ def engine_args(
     if bundled:
         args.setdefault("max_model_len", BUNDLED_MAX_MODEL_LEN)
     args.setdefault("disable_log_stats", True)
-    if current_platform.is_cpu():
+    if defaults is None:
+        defaults = decide(given, cpu=is_cpu())
+    if defaults.cpu:
         args.setdefault("enforce_eager", True)
-        sized = any(args.get(k) is not None for k in _MEMORY_KNOBS)
-        if not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            args["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
-    return args
+    return defaults.apply(args)
+
+
+def is_cpu() -> bool:
+    """Whether this vLLM runs on the CPU (its platform's verdict)."""
+    return bool(current_platform.is_cpu())
 
 
 @dataclass
@@ -131,16 +134,28 @@ class Engine:
     binding: str | None = None  # VLLM_CPU_OMP_THREADS_BIND the engine started with (CPU)
 
 
-def start(engine: Engine, args: Mapping[str, Any], cores: Sequence[int] | None = None) -> None:
+def start(
+    engine: Engine,
+    args: Mapping[str, Any],
+    cores: Sequence[int] | None = None,
+    *,
+    defaults: EngineDefaults | None = None,
+) -> None:
     """Build the ``AsyncLLM`` (blocking) into ``engine.llm``. Assigns ``engine.llm`` as soon as
     it exists, so a caller cancelled meanwhile can still shut it down.
 
     On a CPU build, unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the engine's compute threads
-    are bound to ``cores`` (default: every core of this process's affinity; see
-    :mod:`._binding`); ``engine.binding`` records the value used."""
+    are bound to ``cores`` (default: every core of this process's affinity; the rule is
+    :func:`batchclient._engine_defaults.choose_cores`, ``defaults.cores`` when given, the
+    mechanism :mod:`batchclient._cpu`); ``engine.binding`` records the value used. Logs the engine's
+    defaults once (INFO, ``batchclient`` logger)."""
     counts = engine.counts
-    mask = _binding.default_mask(args, cores) if current_platform.is_cpu() else None
+    if defaults is None:
+        defaults = decide(args, cores=cores, cpu=is_cpu())
+    chosen = defaults.cores.value
+    mask = None if chosen is None else _binding.bind_mask(chosen, _binding.engine_workers(args))
     engine.binding = mask or os.environ.get(_binding.THREADS_BIND)
+    defaults.log("vLLM engine", engine.binding)
     with _binding.bound(mask):
         engine.llm = AsyncLLM.from_engine_args(
             AsyncEngineArgs(**args),
@@ -179,24 +194,30 @@ async def stop_output_handler(engine: Engine) -> None:
 
 
 def stop(engine: Engine) -> None:
-    """Shut the engine down (blocking, about 5-10 s) and wait until its processes are gone."""
+    """Shut the engine down (blocking) and wait until its processes are gone: they get
+    ``batchclient._engine_defaults.stop_grace_s()`` (30 s; 3 s in the ``batchclient``
+    command) to exit on their own, then they are killed. A clean exit takes 10-15 s on a busy
+    2-core machine, mostly the interpreter teardown of each process."""
     llm, engine.llm = engine.llm, None
     if llm is None:
         return
+    grace = stop_grace_s()
+    deadline = time.monotonic() + grace
     roots, descendants = _engine_processes(llm)
     try:
-        llm.shutdown(timeout=_SHUTDOWN_GRACE_S)
+        llm.shutdown(timeout=grace)
     finally:
         for proc in roots:  # join() also reaps them, so no zombie is left
-            proc.join(_STOP_WAIT_S)
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():  # vLLM gave up on it: it is ours, end it
                 proc.kill()
-                proc.join(_STOP_WAIT_S)
-        _, alive = psutil.wait_procs(descendants, timeout=_STOP_WAIT_S)
+                proc.join(_KILL_WAIT_S)
+        left = max(0.0, deadline - time.monotonic())
+        _, alive = psutil.wait_procs(descendants, timeout=left)
         for child in alive:
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        psutil.wait_procs(alive, timeout=_STOP_WAIT_S)
+        psutil.wait_procs(alive, timeout=_KILL_WAIT_S)
 
 
 # ---------------------------------------------------------------------------- per request

@@ -10,7 +10,8 @@ OpenAI default (temperature 1, top_p 1). Temperature 0 is greedy decoding.
 
 Response side (:func:`completion_body`): a ChatCompletion object in the OpenAI shape, so job
 output files look the same whichever provider wrote them; log-probabilities below -9999 (or
-``-inf``/NaN) are clamped to -9999.0 as OpenAI does. Guide: ``docs/inline.md``.
+``-inf``/NaN) are clamped to -9999.0 as OpenAI does (``_core.decode.clamp_logprob``). Guide:
+``docs/inline.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.decode import LOGPROB_FLOOR, number
+from .._core.decode import clamp_logprob
 from ..errors import ErrorCode
 
 # Fields of the body that change nothing the engine does, accepted as they are.
@@ -303,16 +304,10 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
 # ---------------------------------------------------------------------------- response side
 
 
-def _clamp(value: Any) -> float:
-    """A finite log-probability of at least -9999.0; None, NaN and -inf become the floor."""
-    v = number(value)
-    return v if v is not None and v > LOGPROB_FLOOR else LOGPROB_FLOOR
-
-
 def _entry(token: str, logprob: Any) -> dict[str, Any]:
     return {
         "token": token,
-        "logprob": _clamp(logprob),
+        "logprob": clamp_logprob(logprob),
         "bytes": list(token.encode("utf-8", errors="replace")),
     }
 

@@ -29,8 +29,8 @@ from .._core.provider import Provider
 from .._core.request import Request, Result
 from .._core.scheduler import run_requests
 from ..errors import ErrorCode
-from ..jobs._output import request_for
-from ..jobs._validate import CHAT_COMPLETIONS, check_request
+from ..jobs import check_request, request_for
+from ..types import Endpoint
 
 if TYPE_CHECKING:
     from ..distributed import RayBatchInference, RayProvider
@@ -55,7 +55,8 @@ class ChatPredictor:
 
     Args:
         provider_factory: builds the provider in each Ray Data actor (a picklable callable:
-            e.g. ``functools.partial(RemoteProvider, "http://host:8000/v1")``); it is started
+            e.g. ``functools.partial(RemoteProvider, "http://host:8000/v1")``, or by name,
+            ``functools.partial(make_provider, "remote", base_url=...)``); it is started
             once and stopped when the actor exits.
         model: the model conversations are sent to (rows with ``messages``); batch-line rows
             name their own in ``body.model``.
@@ -122,7 +123,7 @@ class ChatPredictor:
     def _request(self, row: Mapping[str, Any]) -> tuple[Request | None, tuple[str, str] | None]:
         seq = next(self._seq)
         if "body" in row and self.messages_column not in row:
-            line = {"method": "POST", "url": CHAT_COMPLETIONS, **row}
+            line = {"method": "POST", "url": Endpoint.chat_completions.value, **row}
             custom_id = line.get("custom_id") or f"row-{seq}"
             line["custom_id"] = custom_id
             body = _plain(line.get("body"))
@@ -132,7 +133,7 @@ class ChatPredictor:
                 except ValueError:
                     return None, (ErrorCode.invalid_request.value, "body is not JSON")
             line["body"] = body
-            problem = check_request(line, CHAT_COMPLETIONS)
+            problem = check_request(line, Endpoint.chat_completions)
             if problem is not None:
                 code, message, _param = problem
                 return None, (code.value, message)

@@ -4,31 +4,75 @@ Clients expose them as ``client.files``, ``client.batches`` and the original pro
 ``schedule_batch`` / ``job_*`` calls. This package also offers, for tools that work on a state
 directory without running jobs (the ``batchclient jobs`` commands):
 
-- :class:`JobManager`: list, inspect, cancel and export the batches of a state directory;
+- :class:`JobManager`: list, inspect, cancel, resume and export the batches of a state directory;
 - :func:`validate_batch_file`: validate an OpenAI batch input file (streamed, all-or-nothing);
 - :func:`estimate_file`: a dry run of a batch file (nothing sent);
 - :func:`default_state_dir`: where state lives by default.
+
+The second group of names are building blocks for batchclient's other packages (its modules
+import only this package's ``__init__``): the Batch API client runs jobs through the store, the
+runner and the output rows; the server, the CLI and Ray Data read and check request lines as
+validation does.
 """
 
 from ._estimate import describe, estimate_file
-from ._files import Files, StagedFile
-from ._manager import Batches, JobManager
-from ._runner import JobRunner, RunningJob, WriteRetry, parse_window
-from ._store import default_state_dir
-from ._validate import ValidationReport, validate_batch_file
+from ._files import Files, StagedFile, store_file
+from ._manager import Batches, JobManager, StatusTotals
+from ._output import request_for, row_for
+from ._progress import ProgressTracker
+from ._runner import (
+    JobRunner,
+    RunningJob,
+    WriteRetry,
+    finalize,
+    parse_window,
+    run_unfinished,
+    validate_job,
+)
+from ._store import DB_NAME, JobRow, ResultRow, Store, default_state_dir
+from ._validate import (
+    RequestLine,
+    ValidationReport,
+    check_request,
+    file_endpoint,
+    is_blank,
+    iter_lines,
+    iter_requests,
+    parse_line,
+    validate_batch_file,
+)
 
 __all__ = [
+    "DB_NAME",
     "Batches",
     "Files",
     "JobManager",
+    "JobRow",
     "JobRunner",
+    "ProgressTracker",
+    "RequestLine",
+    "ResultRow",
     "RunningJob",
     "StagedFile",
+    "StatusTotals",
+    "Store",
     "ValidationReport",
     "WriteRetry",
+    "check_request",
     "default_state_dir",
     "describe",
     "estimate_file",
+    "file_endpoint",
+    "finalize",
+    "is_blank",
+    "iter_lines",
+    "iter_requests",
+    "parse_line",
     "parse_window",
+    "request_for",
+    "row_for",
+    "run_unfinished",
+    "store_file",
     "validate_batch_file",
+    "validate_job",
 ]

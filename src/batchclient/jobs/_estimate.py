@@ -3,7 +3,8 @@
 
 One streamed pass over the file: validation (all of it, as a batch would), the plan of merged
 and repeated lines (:mod:`._plan`), result-cache lookups by key in blocks, and prompt tokens
-counted in blocks (:mod:`._tokens`). Memory stays flat whatever the size of the file.
+counted in blocks (:mod:`batchclient._core.prompt_tokens`: chat messages, completions prompts
+and embeddings inputs alike). Memory stays flat whatever the size of the file.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from typing import Any
 
 from anyio import to_thread
 
+from .._core.prompt_tokens import PromptCounter
 from .._core.provider import Provider
 from ..cache import ResultCache, cache_key, canonical_json
+from ..errors import ConfigurationError
 from ..types import BatchEstimate, Endpoint
 from ._plan import LinePlanner
-from ._tokens import PromptCounter
-from ._validate import RequestLine, iter_lines, parse_line, validate_batch_file
+from ._validate import RequestLine, file_endpoint, iter_lines, parse_line, validate_batch_file
 
 _BLOCK = 256
+_KNOWN = {e.value for e in Endpoint}  # another url is each line's invalid_url, as in a run
 
 
 async def estimate_file(
@@ -29,7 +32,7 @@ async def estimate_file(
     provider: Provider | None,
     cache: ResultCache | None,
     *,
-    endpoint: str = Endpoint.chat_completions,
+    endpoint: str | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
     price_input: float | None = None,
     price_output: float | None = None,
@@ -37,12 +40,23 @@ async def estimate_file(
 ) -> BatchEstimate:
     """Estimate the batch file at ``path`` (see :class:`~batchclient.BatchEstimate`).
 
+    ``endpoint`` is the batch's (None: the ``url`` of the file's first line, as ``batchclient
+    run`` takes it); every line is validated against it.
+
     ``provider`` gives the cache identity and, when ``tokenizer`` is None, a local tokenizer
     (``Provider.tokenizer_path``); neither needs the provider started. ``cache`` (None: off or
     empty) is looked up, never written; ``cache_on`` (default: whether ``cache`` is given) is
     what the estimate reports as ``cache``. Raises ``ConfigurationError`` for a tokenizer that
-    cannot be loaded.
+    cannot be loaded, or an endpoint the provider does not serve (as a run would).
     """
+    if endpoint is None:
+        endpoint = await to_thread.run_sync(file_endpoint, path)
+    served = sorted(e.value for e in provider.endpoints) if provider is not None else []
+    if provider is not None and endpoint in _KNOWN and endpoint not in served:
+        raise ConfigurationError(
+            f"endpoint {str(endpoint)!r} is not served by {type(provider).__name__}; "
+            f"supported: {', '.join(served)}"
+        )
     model = await to_thread.run_sync(_first_model, path)
     identity = None
     if model is not None and provider is not None:

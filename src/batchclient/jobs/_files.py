@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
@@ -18,7 +19,12 @@ from anyio import to_thread
 
 from ..errors import ConfigurationError, JobStateError
 from ..types import FileDeleted, FileObject
+from ._lease import hold, remove_if_unlocked
 from ._store import Store, now
+
+STALE_TMP_S = 60.0
+"""A temporary file in ``files/`` is removed at start only when no process holds its lock and
+it has not been written for this many seconds."""
 
 _CHUNK = 1024 * 1024
 FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
@@ -50,7 +56,7 @@ class Files:
         else:
             name = filename or getattr(file, "name", None) or "upload.jsonl"
             name = Path(str(name)).name
-        return await to_thread.run_sync(_store_file, store, file, purpose, name)
+        return await to_thread.run_sync(store_file, store, file, purpose, name)
 
     async def stage(self) -> StagedFile:
         """A new file being written into the state directory: :meth:`StagedFile.write` its
@@ -93,10 +99,9 @@ class Files:
         """Delete a file. Raises ``JobStateError`` for the input file of a batch that is not
         finished (it is needed to resume the batch)."""
         store = await self._store()
-        users = await to_thread.run_sync(store.jobs_using_file, file_id)
+        users = await to_thread.run_sync(store.delete_unused_file, file_id)
         if users:
             raise JobStateError(f"file {file_id} is the input of unfinished batch(es) {users}")
-        await to_thread.run_sync(store.delete_file, file_id)
         return FileDeleted(id=file_id)
 
 
@@ -111,6 +116,7 @@ class StagedFile:
         self._target = store.file_path(self.id)
         self._tmp = self._target.with_name(f".{self.id}.tmp")
         fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        hold(fd)  # while it is open: the start-up sweep leaves it alone
         self._file: IO[bytes] | None = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
 
@@ -139,7 +145,32 @@ class StagedFile:
             self._tmp.unlink(missing_ok=True)
 
 
-def _store_file(store: Store, file: FileInput, purpose: str, filename: str) -> FileObject:
+def sweep_temporary(store: Store, min_age_s: float = STALE_TMP_S) -> tuple[int, int]:
+    """Remove the temporary files of ``files/`` (``.*.tmp``: uploads and output files being
+    written) that a process killed while writing left behind: only those no live writer holds
+    (their lock is free) and untouched for ``min_age_s``. Returns (files, bytes) removed
+    (blocking)."""
+    count = size = 0
+    try:
+        entries = list(os.scandir(store.files_dir))
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if time.time() - st.st_mtime < min_age_s or not entry.is_file(follow_symlinks=False):
+            continue
+        if remove_if_unlocked(Path(entry.path)):
+            count, size = count + 1, size + st.st_size
+    return count, size
+
+
+def store_file(store: Store, file: FileInput, purpose: str, filename: str) -> FileObject:
+    """Copy ``file`` into the store as a new file (blocking: run it in a worker thread)."""
     staged = StagedFile(store)
     try:
         for chunk in _chunks(file):

@@ -2,15 +2,19 @@
 process.
 
 Every provider client owns one (created in its ``__aenter__``); the ``batchclient jobs`` commands
-open one without a provider (they list, inspect, cancel and export, not run). Jobs run in the
-manager's task group, hosted by a task of its own (so a client may be entered and closed from
-different tasks, as pytest-asyncio session fixtures do): they live exactly as long as the
+open one without a provider (they list, inspect, cancel, reopen and export, not run). Jobs run
+in the manager's task group, hosted by a task of its own (so a client may be entered and closed
+from different tasks, as pytest-asyncio session fixtures do): they live exactly as long as the
 client's ``async with`` block. Leaving it pauses them (they stay ``in_progress``); the next
 client on the same state directory with the same provider identity resumes them.
 
-Leases: a running job's row names its ``owner`` (host, pid, a random token) and a
-``heartbeat_at`` refreshed every second; only orphaned jobs (the owner's pid is dead on this
-host, or its heartbeat is older than :data:`LEASE_S`) are resumed. A cancel from another process
+Leases: a running job's row names its ``owner`` (host, pid, a token random per manager) and a
+``heartbeat_at`` refreshed every second; the manager holds its owner's lock file while it is
+open (:mod:`._lease`). Only orphaned jobs are resumed: the owner's lock is free (it died, on
+this machine, whatever its pid), or, where the lock cannot tell, its pid is dead on this host
+or its heartbeat is older than :data:`LEASE_S`. A manager with a provider looks for orphans on
+entry and every :data:`ORPHAN_SCAN_S` while open, so a server started again at once (same pid,
+as PID 1 in a container) takes its batches back within seconds. A cancel from another process
 marks the job ``cancelling``; its owner stops it at its next heartbeat. Guide: ``docs/jobs.md``.
 
 The result cache (:mod:`batchclient.cache`) is opened with the database when ``cache=True`` or
@@ -18,8 +22,11 @@ a batch asks for it; :meth:`JobManager.cached_provider` is the provider behind i
 batches share.
 
 Late failures: a batch whose files cannot be written, or whose state directory fails under it
-after validation, ends ``failed`` (or, when even that cannot be recorded, stays active and is
-resumed like a crashed one); its committed results stay readable (``job_result``) and
+after validation (a full or read-only disk while results are committed), ends ``failed`` with
+the error's code and a log line (``batchclient.jobs``). When even that cannot be recorded (the
+disk is full), this manager reports it ``failed`` all the same and records it as soon as the
+disk takes a write again (tried every heartbeat); a process that dies first leaves it active,
+resumed like a crashed one. Its committed results stay readable (``job_result``) and
 :meth:`JobManager.resume` takes it up again, sending only what has no result.
 """
 
@@ -27,17 +34,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import logging
 import math
 import os
 import secrets
 import socket
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self, Unpack
+from typing import IO, Any, NamedTuple, Self, Unpack
 
 import anyio
 from anyio import to_thread
@@ -52,21 +61,30 @@ from ..types import (
     BatchCompletionResponse,
     BatchEmbeddingsResponse,
     BatchError,
+    BatchErrors,
     BatchOptions,
     BatchResponse,
+    BatchStatus,
     Endpoint,
     JobStatus,
 )
-from ._files import Files
+from ._files import Files, sweep_temporary
+from ._lease import OwnerLock, new_owner, owner_gone, sweep_owner_locks
 from ._output import iter_output_lines, response_for, write_lines
+from ._progress import ProgressTracker
 from ._recovery import failure_of, late_result, reopen
 from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
-from ._store import ACTIVE, DB_NAME, Store, default_state_dir, now
+from ._store import DB_NAME, KERNEL, JobRow, Store, default_state_dir, now
+
+logger = logging.getLogger("batchclient.jobs")
 
 LEASE_S = 10.0
 """A job whose owner has not refreshed its heartbeat for this many seconds is orphaned."""
 HEARTBEAT_S = 1.0
+ORPHAN_SCAN_S = 2.0
+"""How often a manager with a provider looks for orphaned jobs to take back."""
 
+_Page = list[Any]  # a page of result items (the class's ``list`` method hides the builtin there)
 _RESPONSES: dict[Endpoint, type[BatchResponse]] = {
     Endpoint.chat_completions: BatchChatCompletionResponse,
     Endpoint.completions: BatchCompletionResponse,
@@ -88,7 +106,9 @@ _STATUS_MAP = {
 class JobManager:
     """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
-    provider identity matches on entry); without one it can only inspect, cancel and export.
+    provider identity matches, on entry and every :data:`ORPHAN_SCAN_S`, after removing the
+    temporary files a crash left); without one it can only inspect, cancel, reopen a batch
+    that failed after validation (for a manager with a provider to run) and export.
     ``files`` and ``batches`` are the same calls as a client's. ``cache``: batches created here
     use the result cache unless they say otherwise (``batches.create(..., cache=False)``).
     ``runner`` replaces how a job runs (default: :func:`run_job` over the provider's
@@ -109,15 +129,21 @@ class JobManager:
         self.cache = cache
         self._result_cache: ResultCache | None = None
         self._cached: CachedProvider | None = None
-        self._failures: dict[str, BatchError] = {}
         self._runner = runner
         self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.owner = new_owner()
+        self._lock = OwnerLock(self.state_dir, self.owner)
+        self._unrecorded: dict[str, tuple[BatchError, int]] = {}
+        """Failures (and when) this manager could not write to the database yet (a full disk)."""
         self._store: Store | None = None
         self._tg: TaskGroup | None = None
         self._host: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
         self._running: dict[str, RunningJob] = {}
+        self._progress = ProgressTracker()
+        self.recovered: list[str] = []
+        """The batches this manager took back up from a process that ended: those found on
+        entry (running by the time ``__aenter__`` returns), then those its scans find."""
         self.files = Files(self.store)
         self.batches = Batches(lambda: self)
 
@@ -131,8 +157,9 @@ class JobManager:
             await self._host
         try:
             if Store.exists(self.state_dir):
-                await self.store()
+                store = await self.store()
                 if self._provider is not None:
+                    await to_thread.run_sync(_sweep, store)
                     await self._resume_orphans()
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -155,6 +182,7 @@ class JobManager:
         if self._store is not None:
             self._store.close()
             self._store = None
+        self._lock.release()
 
     async def _host_tasks(self, ready: anyio.Event) -> None:
         """Own the task group for the manager's lifetime: entered and exited in this task."""
@@ -174,7 +202,11 @@ class JobManager:
         if self._tg is None:
             raise JobError("the job manager is not open: use it inside `async with`")
         if self._store is None:
-            self._store = await to_thread.run_sync(Store, self.state_dir)
+            store = await to_thread.run_sync(Store, self.state_dir)
+            # before any lease is taken: a row never names an owner without its lock
+            if await to_thread.run_sync(self._lock.acquire):
+                store.kernel = KERNEL
+            self._store = store
             assert self._tg is not None
             if self._provider is not None:
                 self._tg.start_soon(self._heartbeat)
@@ -202,26 +234,43 @@ class JobManager:
 
     # ------------------------------------------------------------------ leases
 
-    def _orphaned(self, owner: str | None, heartbeat_at: float | None) -> bool:
+    def _orphaned(self, row: JobRow) -> bool:
+        """Whether the job's lease holder is gone (blocking: it may ask a lock file)."""
+        owner = row.owner
         if owner is None:
             return True
         if owner == self.owner:
             return False
+        heartbeat_stale = row.heartbeat_at is None or time.time() - row.heartbeat_at > LEASE_S
+        if KERNEL is not None and row.owner_kernel == KERNEL:
+            gone = owner_gone(self.state_dir, owner)
+            if gone is not None:  # the lock knows, whatever the pid says
+                return gone or heartbeat_stale
         host, pid, _ = [*owner.split(":"), "", "", ""][:3]
         if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
             return True
-        return heartbeat_at is None or time.time() - heartbeat_at > LEASE_S
+        return heartbeat_stale
 
     async def _resume_orphans(self) -> None:
         store = await self.store()
         for row in await to_thread.run_sync(store.active_jobs):
-            mine = row["identity"] == self._identity
-            if not mine and row["status"] not in ("finalizing", "cancelling"):
+            if row.id in self._running or row.id in self._unrecorded:
+                continue
+            mine = row.identity == self._identity
+            if not mine and row.status not in ("finalizing", "cancelling"):
                 continue  # another provider's job: it resumes with a client like the one it ran on
-            if self._orphaned(row["owner"], row["heartbeat_at"]) and await to_thread.run_sync(
-                store.claim, row["id"], self.owner, row["owner"]
+            if await to_thread.run_sync(self._orphaned, row) and await to_thread.run_sync(
+                store.claim, row.id, self.owner, row.owner
             ):
-                self._start(row["id"])
+                silent = time.time() - (row.heartbeat_at or 0.0)
+                logger.info(
+                    "taking up batch %s (its owner %s is gone; last heartbeat %.1f s ago)",
+                    row.id,
+                    row.owner,
+                    silent,
+                )
+                self._start(row.id)
+                self.recovered.append(row.id)
 
     def _start(self, job_id: str) -> None:
         assert self._tg is not None and self._provider is not None
@@ -237,35 +286,54 @@ class JobManager:
                 await self._runner(store, running)
             else:
                 row = await to_thread.run_sync(store.job_row, running.job_id)
-                cached = bool(self.cache if row["cache"] is None else row["cache"])
+                cached = bool(self.cache if row.cache is None else row.cache)
                 provider = await self.cached_provider() if cached else self._provider
                 await run_job(store, provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
             error = failure_of(exc, self.state_dir)
-            self._failures[running.job_id] = error
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                # when even this fails (a full disk) the job stays active: it is resumed like
-                # a crashed one, and ``wait`` raises the failure kept above
-                await to_thread.run_sync(
-                    lambda: store.update_job(
+            logger.error("batch %s failed: %s: %s", running.job_id, error.code, error.message)
+            with anyio.CancelScope(shield=True):
+                failed_at = now()
+                if not await self._record_failure(running.job_id, error, failed_at):
+                    # a full disk: reported failed from memory, written at a later heartbeat
+                    self._unrecorded[running.job_id] = (error, failed_at)
+                    logger.error(
+                        "batch %s: its failure cannot be recorded yet (%s); retrying every %g s",
                         running.job_id,
-                        where_status=ACTIVE,
-                        status="failed",
-                        failed_at=now(),
-                        errors=[error.model_dump(exclude_none=True)],
+                        error.code,
+                        HEARTBEAT_S,
                     )
-                )
         finally:
             self._running.pop(running.job_id, None)
             running.done.set()
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await to_thread.run_sync(store.release, running.job_id, self.owner)
 
+    async def _record_failure(self, job_id: str, error: BatchError, failed_at: int) -> bool:
+        """Write the batch's failure and free its lease; whether that could be written."""
+        store = self._store
+        assert store is not None
+        try:
+            await to_thread.run_sync(
+                lambda: store.update_job(
+                    job_id,
+                    where_status=BatchStatus.ACTIVE,
+                    status="failed",
+                    failed_at=failed_at,
+                    errors=[error.model_dump(exclude_none=True)],
+                    owner=None,  # the lease goes in the same write: a full disk may take only one
+                )
+            )
+        except (OSError, sqlite3.Error):
+            return False
+        return True
+
     async def _heartbeat(self) -> None:
         store = self._store
         assert store is not None
+        scanned = time.monotonic()
         while True:
             try:
                 leases = await to_thread.run_sync(store.heartbeat, self.owner)
@@ -276,6 +344,18 @@ class JobManager:
                 if status == "cancelling" and running is not None:
                     running.cancel_requested = True
                     running.scope.cancel()
+            for job_id, (error, failed_at) in list(self._unrecorded.items()):
+                if await self._record_failure(job_id, error, failed_at):
+                    self._unrecorded.pop(job_id, None)
+                    logger.info("batch %s: its failure (%s) is recorded", job_id, error.code)
+            if time.monotonic() - scanned >= ORPHAN_SCAN_S:
+                scanned = time.monotonic()
+                try:
+                    await self._resume_orphans()
+                except (OSError, sqlite3.Error):
+                    pass  # the state directory is failing: the jobs report it themselves
+                except Exception:  # never let the scan take the client down
+                    logger.exception("looking for orphaned batches failed")
             await anyio.sleep(HEARTBEAT_S)
 
     # ------------------------------------------------------------------ jobs
@@ -296,7 +376,7 @@ class JobManager:
         supported = sorted(e.value for e in self._provider.endpoints)
         if endpoint not in supported:
             raise ConfigurationError(
-                f"endpoint {endpoint!r} is not served by {type(self._provider).__name__}; "
+                f"endpoint {str(endpoint)!r} is not served by {type(self._provider).__name__}; "
                 f"supported: {', '.join(supported)}"
             )
         try:
@@ -310,7 +390,7 @@ class JobManager:
             raise ConfigurationError(f"file {file_id} has purpose {record.purpose!r}, not 'batch'")
         if reuse_results_from is not None:
             seed = await self._call(store.job_row, reuse_results_from)
-            same = await self._call(store.file_sha256, seed["input_file_id"])
+            same = await self._call(store.file_sha256, seed.input_file_id)
             if same != await self._call(store.file_sha256, file_id):
                 raise ConfigurationError(
                     f"job {reuse_results_from} ran on different input content than {file_id}"
@@ -334,6 +414,7 @@ class JobManager:
                 "cache": int(self.cache if cache is None else cache),
                 "owner": self.owner,
                 "heartbeat_at": time.time(),
+                "owner_kernel": store.kernel,
             },
         )
         self._start(job_id)
@@ -342,7 +423,21 @@ class JobManager:
     async def info(self, job_id: str) -> Batch:
         store = await self.store()
         job: Batch = await self._call(store.get_job, job_id)
-        return job
+        return self._progress.annotate(self._as_known(job))
+
+    def _as_known(self, job: Batch) -> Batch:
+        """``job`` as this manager knows it: ``failed`` when its failure is not written yet."""
+        unrecorded = self._unrecorded.get(job.id)
+        if unrecorded is None or job.status not in BatchStatus.ACTIVE:
+            return job
+        error, failed_at = unrecorded
+        return job.model_copy(
+            update={
+                "status": "failed",
+                "failed_at": failed_at,
+                "errors": BatchErrors(data=[error]),
+            }
+        )
 
     async def status(self, job_id: str) -> JobStatus | None:
         if not Store.exists(self.state_dir):
@@ -358,7 +453,7 @@ class JobManager:
             return []
         store = await self.store()
         jobs: list[Batch] = await self._call(store.list_jobs, limit, after)
-        return jobs
+        return [self._progress.annotate(self._as_known(job)) for job in jobs]
 
     def is_running_here(self, job_id: str) -> bool:
         return job_id in self._running
@@ -370,15 +465,9 @@ class JobManager:
             running = self._running.get(job_id)
             if running is not None:
                 await running.done.wait()
-            job = await self.info(job_id)
-            if job.status not in ACTIVE:
+            job = await self.info(job_id)  # failed, also when that could not be written yet
+            if job.status not in BatchStatus.ACTIVE:
                 return job
-            failure = self._failures.get(job_id)
-            if failure is not None and not self.is_running_here(job_id):
-                raise JobError(
-                    f"job {job_id} stopped ({failure.code}: {failure.message}); its results "
-                    "are kept: it resumes on the next client on this state directory"
-                )
             if running is None:
                 await anyio.sleep(0.2)
 
@@ -386,11 +475,11 @@ class JobManager:
         """Cancel a job; see ``BaseBatchClient.job_cancel``."""
         store = await self.store()
         row = await self._call(store.job_row, job_id)
-        if row["status"] == "cancelled":
+        if row.status == "cancelled":
             return
-        if row["status"] not in ("validating", "in_progress", "cancelling"):
+        if row.status not in ("validating", "in_progress", "cancelling"):
             raise JobStateError(
-                f"job {job_id} is {row['status']}: only a validating or in-progress job can be "
+                f"job {job_id} is {row.status}: only a validating or in-progress job can be "
                 "cancelled"
             )
         changed = await self._call(
@@ -400,7 +489,7 @@ class JobManager:
             status="cancelling",
             cancelling_at=now(),
         )
-        if not changed and (await self._call(store.job_row, job_id))["status"] not in (
+        if not changed and (await self._call(store.job_row, job_id)).status not in (
             "cancelling",
             "cancelled",
         ):
@@ -416,10 +505,10 @@ class JobManager:
         with anyio.fail_after(LEASE_S * 3):
             while True:
                 row = await self._call(store.job_row, job_id)
-                if row["status"] not in ACTIVE:
+                if row.status not in BatchStatus.ACTIVE:
                     return
-                if self._orphaned(row["owner"], row["heartbeat_at"]) and await self._call(
-                    store.claim, job_id, self.owner, row["owner"]
+                if await self._call(self._orphaned, row) and await self._call(
+                    store.claim, job_id, self.owner, row.owner
                 ):
                     try:
                         await finalize(store, job_id, "cancelled")
@@ -433,43 +522,82 @@ class JobManager:
         ``BatchClient.job_result``."""
         store = await self.store()
         row = await self._call(store.job_row, job_id)
-        status = row["status"]
-        if status == "failed" and row["in_progress_at"] is None:
-            errors = json.loads(row["errors"] or "[]")
+        status = row.status
+        if status == "failed" and row.in_progress_at is None:
+            errors = json.loads(row.errors or "[]")
             first = errors[0] if errors else {}
             detail = f"; first: {first.get('code')}: {first.get('message')}" if first else ""
             raise JobStateError(f"job {job_id} failed ({len(errors)} error(s){detail})")
-        if status in ACTIVE:
+        if status in BatchStatus.ACTIVE:
             raise JobStateError(f"job {job_id} is {status}; wait for it (job_wait) first")
         if status == "failed":  # after validation: every committed result, the rest as failed
             return await to_thread.run_sync(late_result, store, job_id)
 
-        endpoint = Endpoint(row["endpoint"])
+        endpoint = Endpoint(row.endpoint)
 
         def build() -> list[Any]:
             return [response_for(r, endpoint) for r in store.iter_results(job_id)]
 
         batch = await to_thread.run_sync(build)
-        if len(batch) != row["total"]:
-            raise JobError(f"job {job_id} has {len(batch)} results for {row['total']} lines")
+        if len(batch) != row.total:
+            raise JobError(f"job {job_id} has {len(batch)} results for {row.total} lines")
         kind = _RESPONSES[endpoint]
         return kind(batch=batch)
 
-    async def resume(self, job_id: str) -> Batch:
-        """Take up a batch that failed after validation; see :meth:`Batches.resume`."""
-        if self._provider is None:
-            raise ConfigurationError("this job manager has no provider: it cannot run jobs")
+    async def result_pages(
+        self, job_id: str, size: int = 500, limiter: anyio.CapacityLimiter | None = None
+    ) -> AsyncIterator[_Page]:
+        """``result``'s items, ``size`` at a time, read from SQLite in a worker thread per page
+        (memory flat, the event loop free; ``limiter`` bounds those threads). The state is
+        checked before the first page: the errors ``result`` raises come from the first
+        ``anext``. A stored result count that does not match the batch's lines raises
+        ``JobError`` after the last page."""
         store = await self.store()
         row = await self._call(store.job_row, job_id)
-        if row["identity"] != self._identity:
+        refused = row.status == "failed" and row.in_progress_at is None  # failed validation
+        if refused or row.status in BatchStatus.ACTIVE:
+            await self.result(job_id)  # raises its JobStateError
+        if row.status == "failed":  # after validation: rare, and built whole as before
+            late = await to_thread.run_sync(late_result, store, job_id)
+            for start in range(0, len(late.batch), size):
+                yield late.batch[start : start + size]
+            return
+        endpoint = Endpoint(row.endpoint)
+        rows = store.iter_results(job_id)
+
+        def page() -> _Page:
+            return [response_for(r, endpoint) for r in itertools.islice(rows, size)]
+
+        count = 0
+        while items := await to_thread.run_sync(page, limiter=limiter):
+            count += len(items)
+            yield items
+        if count != row.total:
+            raise JobError(f"job {job_id} has {count} results for {row.total} lines")
+
+    async def resume(self, job_id: str) -> Batch:
+        """Take up a batch that failed after validation; see :meth:`Batches.resume`."""
+        store = await self.store()
+        row = await self._call(store.job_row, job_id)
+        if self._provider is None:  # reopened with a free lease, for a manager that can run it
+            if not await self._call(self._orphaned, row):
+                raise JobStateError(f"job {job_id} is being run by another process")
+            await self._call(reopen, store, job_id, None, row.owner)
+            return await self.info(job_id)
+        if row.identity != self._identity:
             raise ConfigurationError(
-                f"job {job_id} ran on another provider ({row['identity']}); resume it with a "
+                f"job {job_id} ran on another provider ({row.identity}); resume it with a "
                 "client like that one"
             )
-        if not self._orphaned(row["owner"], row["heartbeat_at"]):
-            raise JobStateError(f"job {job_id} is being run by {row['owner']}")
-        await self._call(reopen, store, job_id, self.owner, row["owner"])
-        self._failures.pop(job_id, None)
+        if job_id in self._unrecorded and not self.is_running_here(job_id):
+            # failed here while its failure could not be written: it still holds our lease
+            # and is active in the database; the disk has room again if this runs
+            self._unrecorded.pop(job_id)
+        else:
+            ours = row.owner == self.owner and not self.is_running_here(job_id)
+            if not ours and not await self._call(self._orphaned, row):
+                raise JobStateError(f"job {job_id} is being run by another process")
+            await self._call(reopen, store, job_id, self.owner, row.owner)
         self._start(job_id)
         return await self.info(job_id)
 
@@ -501,6 +629,31 @@ class JobManager:
         await to_thread.run_sync(write_lines, iter_output_lines(store, job_id, ok=True), out)
         await to_thread.run_sync(write_lines, iter_output_lines(store, job_id, ok=False), err)
 
+    async def totals(self) -> dict[str, StatusTotals]:
+        """Per status: how many batches, and the sums of their request counts and tokens (one
+        aggregate query; an empty dict before the state directory has a database)."""
+        if not Store.exists(self.state_dir):
+            return {}
+        store = await self.store()
+        sql = (
+            "SELECT status, COUNT(*), SUM(completed), SUM(failed), SUM(cache_hits), "
+            "SUM(input_tokens), SUM(output_tokens) FROM jobs GROUP BY status"
+        )
+        rows = await self._call(store.db.all, sql)
+        return {str(r[0]): StatusTotals(*(int(x or 0) for x in tuple(r)[1:])) for r in rows}
+
+
+class StatusTotals(NamedTuple):
+    """The batches in one status (:meth:`JobManager.totals`): ``completed`` includes
+    ``cache_hits``; tokens are those generated for them (not the cache's)."""
+
+    batches: int
+    completed: int
+    failed: int
+    cache_hits: int
+    input_tokens: int
+    output_tokens: int
+
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
     """OpenAI's limits: at most 16 pairs, keys up to 64 and values up to 512 characters."""
@@ -513,6 +666,15 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             raise ConfigurationError("metadata keys and values must be strings")
         if len(key) > 64 or len(value) > 512:
             raise ConfigurationError(f"metadata {key[:64]!r}: key over 64 or value over 512 chars")
+
+
+def _sweep(store: Store) -> None:
+    """Remove what SIGKILL left behind: temporary files no live writer holds, and the lock
+    files of dead owners (blocking)."""
+    count, size = sweep_temporary(store)
+    if count:
+        logger.info("removed %d stale temporary file(s), %d bytes, from files/", count, size)
+    sweep_owner_locks(store.state_dir)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -599,11 +761,27 @@ class Batches:
         the requests without a result (none, when only the files failed), then writes its
         files. ``batchclient run`` does this when run again. Returns the batch.
 
+        A job manager without a provider (``batchclient jobs resume``) only makes it
+        ``in_progress`` with a free lease: a client with the batch's provider that is open on
+        the state directory (``batchclient serve``) takes it up within a few seconds, else the
+        next one opened does.
+
         Raises:
             JobStateError: the batch did not fail after validation, or another process runs it.
             ConfigurationError: it ran on a provider with another identity.
         """
         return await self._manager().resume(batch_id)
+
+    @property
+    def recovered(self) -> tuple[str, ...]:
+        """The ids of the batches the client took back up from a process that ended: those
+        found on opening (running before ``async with`` returned), then any found later."""
+        return tuple(self._manager().recovered)
+
+    async def totals(self) -> dict[str, StatusTotals]:
+        """Per status, the number of batches and the sums of their request counts and tokens
+        (:class:`StatusTotals`), from one query (cheap for thousands of batches)."""
+        return await self._manager().totals()
 
     def running_here(self, batch_id: str) -> bool:
         """Whether this client (this process) is running the batch right now."""

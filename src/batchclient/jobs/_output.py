@@ -36,6 +36,7 @@ from ..types import (
     Endpoint,
     FileObject,
 )
+from ._lease import hold
 from ._store import ResultRow, Store, now, open_private
 
 ItemResponse = ChatCompletionResponse | CompletionResponse | EmbeddingResponse
@@ -86,7 +87,9 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
     tokens_in = tokens_out = 0
-    if isinstance(usage, dict) and not result.cached:  # a cache hit generated nothing
+    refused = result.status_code is not None and not 200 <= result.status_code < 300
+    # a cache hit generated nothing; a refusal's body (kept as sent) counts for nothing
+    if isinstance(usage, dict) and not result.cached and not refused:
         tokens_in = _int(usage.get("prompt_tokens"))
         tokens_out = _int(usage.get("completion_tokens"))
     request_id = result.request_id
@@ -103,6 +106,7 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
         input_tokens=tokens_in,
         output_tokens=tokens_out,
         cached=result.cached,
+        latency_s=result.latency_s,
     )
     return with_line(job_id, row)
 
@@ -121,6 +125,7 @@ def merged_row(job_id: str, answered: ResultRow, seq: int, custom_id: str) -> Re
         request_id=answered.request_id,
         cached=answered.cached,
         merged=True,
+        latency_s=answered.latency_s,
     )
     return with_line(job_id, row)
 
@@ -149,6 +154,7 @@ def response_for(row: ResultRow, endpoint: Endpoint = Endpoint.chat_completions)
         body=row.body,
         error=row.error,
         request_id=row.request_id,
+        latency_s=row.latency_s,
         extra={"cached": True} if row.cached else {},
     )
     request = Request(index=row.seq, body={}, endpoint=endpoint, custom_id=row.custom_id)
@@ -191,6 +197,7 @@ def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:
     size = 0
     try:
         with open_private(tmp) as f:
+            hold(f.fileno())  # while it is written: the start-up sweep leaves it alone
             size = _copy(lines, f, digest)
             f.flush()
             os.fsync(f.fileno())

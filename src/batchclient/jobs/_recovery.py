@@ -50,18 +50,18 @@ def late_result(store: Store, job_id: str) -> BatchChatCompletionResponse:
     failed); the ``custom_id`` of a line without a result comes from the input file, when it
     can still be read (blocking)."""
     row = store.job_row(job_id)
-    errors = json.loads(row["errors"] or "[]")
+    errors = json.loads(row.errors or "[]")
     why = f"{errors[0].get('code')}: {errors[0].get('message')}" if errors else "unknown"
     error = BatchItemError(
         code=ErrorCode.batch_failed.value,
         message=f"the batch failed before this request finished ({why})",
     )
     stored = {r.seq: response_for(r) for r in store.iter_results(job_id)}
-    total = int(row["total"])
+    total = int(row.total)
     ids: dict[int, str] = {}
     if len(stored) < total:
         try:
-            with store.file_path(row["input_file_id"]).open("rb") as f:
+            with store.file_path(row.input_file_id).open("rb") as f:
                 ids = {
                     line.seq: line.custom_id for line in iter_requests(f) if line.seq not in stored
                 }
@@ -74,13 +74,14 @@ def late_result(store: Store, job_id: str) -> BatchChatCompletionResponse:
     return BatchChatCompletionResponse(batch=batch)
 
 
-def reopen(store: Store, job_id: str, owner: str, expected_owner: str | None) -> None:
+def reopen(store: Store, job_id: str, owner: str | None, expected_owner: str | None) -> None:
     """Make a batch that failed after validation ``in_progress`` again under ``owner``'s
-    lease. Raises ``JobStateError`` for any other batch or when another owner took it."""
+    lease (None: a free lease, for whoever can run it). Raises ``JobStateError`` for any other
+    batch or when another owner took it."""
     row = store.job_row(job_id)
-    if row["status"] != "failed" or row["in_progress_at"] is None:
+    if row.status != "failed" or row.in_progress_at is None:
         raise JobStateError(
-            f"job {job_id} is {row['status']}: only a batch that failed after validation "
+            f"job {job_id} is {row.status}: only a batch that failed after validation "
             "can be resumed"
         )
     if not store.claim(job_id, owner, expected_owner):

@@ -30,11 +30,12 @@ import anyio.lowlevel
 from anyio import to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from .._core.lanes import batch_lane
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scheduler import run_requests
 from ..errors import ErrorCode, ModelNotFoundError
-from ..types import BatchError, Endpoint
+from ..types import BatchError, BatchStatus, Endpoint
 from ._output import (
     OutputWriteError,
     merged_row,
@@ -183,9 +184,14 @@ provider's ``execute``); a client whose requests go elsewhere, such as a remote 
 the job manager its own."""
 
 
+MAX_WINDOW_S = 3650 * 86400.0
+"""The longest completion window accepted (ten years)."""
+
+
 def parse_window(window: str) -> float:
     """Seconds in a completion window: ``"24h"``, ``"30m"``, ``"5s"``, ``"2d"`` (a number and
-    a unit; OpenAI accepts only ``"24h"``). Raises ``ValueError`` otherwise."""
+    a unit, at most :data:`MAX_WINDOW_S`; OpenAI accepts only ``"24h"``). Raises ``ValueError``
+    otherwise."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = window.strip().lower()
     try:
@@ -197,6 +203,8 @@ def parse_window(window: str) -> float:
         ) from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"completion_window {window!r} must be positive")
+    if seconds > MAX_WINDOW_S:  # "1e15d": past any date a timestamp column or clock can hold
+        raise ValueError(f"completion_window {window!r} is over the longest accepted, 3650d")
     return seconds
 
 
@@ -207,17 +215,17 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
     every committed result)."""
     job_id = running.job_id
     row = await to_thread.run_sync(store.job_row, job_id)
-    remaining = float(row["expires_at"] or 0) - time.time()
+    remaining = float(row.expires_at or 0) - time.time()
     running.scope.deadline = anyio.current_time() + remaining
     with running.scope:
-        if row["status"] == "validating" and not await validate_job(store, provider, job_id):
+        if row.status == "validating" and not await validate_job(store, provider, job_id):
             return
-        if row["status"] in ("validating", "in_progress"):
+        if row.status in ("validating", "in_progress"):
             await run_unfinished(store, provider, job_id, row)
     row = await to_thread.run_sync(store.job_row, job_id)
-    if running.cancel_requested or row["status"] == "cancelling":
+    if running.cancel_requested or row.status == "cancelling":
         await finalize(store, job_id, "cancelled")
-    elif running.scope.cancelled_caught and row["completed"] + row["failed"] < row["total"]:
+    elif running.scope.cancelled_caught and row.completed + row.failed < row.total:
         await finalize(store, job_id, "expired")
     else:  # every line has its result (also when the window closed just after the last)
         await finalize(store, job_id, "completed")
@@ -228,15 +236,15 @@ async def validate_job(store: Store, provider: Provider, job_id: str) -> bool:
     ``in_progress`` (seeded from ``reuse_results_from``) or to ``failed`` with the errors.
     Returns whether it may run."""
     row = await to_thread.run_sync(store.job_row, job_id)
-    path = store.file_path(row["input_file_id"])
+    path = store.file_path(row.input_file_id)
     await to_thread.run_sync(store.delete_results, job_id)  # a restarted validation starts clean
 
     def validate() -> Any:
-        planner = JobLinePlanner(store, job_id, row["endpoint"])
+        planner = JobLinePlanner(store, job_id, row.endpoint)
         report = None
         try:
             with path.open("rb") as f:
-                report = validate_batch_file(f, endpoint=row["endpoint"], on_request=planner)
+                report = validate_batch_file(f, endpoint=row.endpoint, on_request=planner)
         finally:
             planner.finish(keep=report is not None and report.ok)
         return report
@@ -267,8 +275,8 @@ async def validate_job(store: Store, provider: Provider, job_id: str) -> bool:
             )
         )
         return False
-    if row["seed_job_id"]:
-        await to_thread.run_sync(store.copy_successes, row["seed_job_id"], job_id)
+    if row.seed_job_id:
+        await to_thread.run_sync(store.copy_successes, row.seed_job_id, job_id)
     await to_thread.run_sync(
         lambda: store.update_job(
             job_id,
@@ -286,8 +294,8 @@ async def run_unfinished(store: Store, provider: Provider, job_id: str, row: Any
     """Run every request of the job (``row``: its jobs row) that has no result yet through
     ``provider.execute``, committing each result before its worker takes the next request."""
     await to_thread.run_sync(_answer_merged_lines, store, job_id)
-    path = store.file_path(row["input_file_id"])
-    source = RequestSource(store, job_id, path, Endpoint(row["endpoint"]))
+    path = store.file_path(row.input_file_id)
+    source = RequestSource(store, job_id, path, Endpoint(row.endpoint))
     writer = GroupCommit(store, job_id)
 
     async def on_result(request: Request, result: Result) -> None:
@@ -298,7 +306,10 @@ async def run_unfinished(store: Store, provider: Provider, job_id: str, row: Any
         await writer.put(rows)
 
     try:
-        await run_requests(provider.execute, source, window=provider.window(), on_result=on_result)
+        with batch_lane(job_id, row.metadata):  # a server's fair gate orders by it
+            await run_requests(
+                provider.execute, source, window=provider.window(), on_result=on_result
+            )
     finally:
         try:
             writer.flush()
@@ -341,7 +352,7 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
             await to_thread.run_sync(
                 lambda: store.update_job(
                     job_id,
-                    where_status=("in_progress", "finalizing", "cancelling", "validating"),
+                    where_status=BatchStatus.ACTIVE,
                     status="failed",
                     failed_at=now(),
                     errors=[error.model_dump(exclude_none=True)],
@@ -352,7 +363,7 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
         await to_thread.run_sync(
             lambda: store.update_job(
                 job_id,
-                where_status=("in_progress", "finalizing", "cancelling", "validating"),
+                where_status=BatchStatus.ACTIVE,
                 status=outcome,
                 output_file_id=output_id,
                 error_file_id=error_id,
@@ -379,12 +390,12 @@ def _fill_unfinished(store: Store, job_id: str, outcome: str) -> None:
     """Record every unfinished request of a cancelled or expired job as failed with
     ``batch_cancelled`` / ``batch_expired`` (blocking; streams the input file)."""
     row = store.job_row(job_id)
-    if row["total"] == 0 and row["status"] in ("validating", "cancelling") and not row["model"]:
+    if row.total == 0 and row.status in ("validating", "cancelling") and not row.model:
         return  # cancelled before validation finished: no request lines known
     code = ErrorCode.batch_cancelled if outcome == "cancelled" else ErrorCode.batch_expired
     why = "cancelled" if outcome == "cancelled" else "past its completion window"
     message = f"the job was {why} before this request finished"
-    with store.file_path(row["input_file_id"]).open("rb") as f:
+    with store.file_path(row.input_file_id).open("rb") as f:
         block: list[RequestLine] = []
         for line in iter_requests(f):
             block.append(line)

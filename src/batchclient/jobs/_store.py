@@ -2,18 +2,16 @@
 directory, plus the files themselves under ``files/``.
 
 Tables: ``files`` (the OpenAI file records and each file's SHA-256), ``jobs`` (the OpenAI batch
-record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at``),
+record, the provider identity that may resume it, and a lease: ``owner`` + ``heartbeat_at`` +
+``owner_kernel``, see :mod:`._lease`),
 ``results`` (one row per finished request line, keyed by ``(job_id, seq)``, holding the line of
 the output or error file it becomes, serialised once when it is committed, so that writing the
 files at the end only concatenates text) and ``job_lines`` (the lines of a job that are not sent
 as they are: ``same_as`` an identical greedy line earlier in the file, whose answer they get, or
 a ``repeat`` index > 0 for the k-th identical sampled line). Jobs run on a remote Batch API
-(``batchclient.batchapi``) also use ``remote_parts`` (each remote batch a job owns: its range of
-input lines, remote file and batch ids, last seen status and request counts) and
-``remote_calls`` (the job behind each call, by content key, so a repeated call re-attaches). The
-result cache keeps its own table in the same database (:mod:`batchclient.cache`). Tables are
-created with ``IF NOT EXISTS`` and columns added since the first release are added to older
-databases when they are opened.
+add their own tables to the same database (:mod:`batchclient.batchapi`), and so does the result
+cache (:mod:`batchclient.cache`). The database is opened and migrated by
+:class:`batchclient._state.Database` (schema ``jobs``, :data:`SCHEMA`).
 
 Durability: WAL with ``synchronous=NORMAL``: a committed result survives the death of the
 process (SIGKILL included; the WAL is in the OS page cache), not a power cut. Request counts are
@@ -31,18 +29,17 @@ its own mode (it may be a directory the caller chose for other things too).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .._state import Database, Migration, Schema, add_columns, record
 from ..errors import FileNotFoundInStoreError, JobNotFoundError
 from ..types import (
     Batch,
@@ -50,12 +47,19 @@ from ..types import (
     BatchErrors,
     BatchItemError,
     BatchRequestCounts,
+    BatchStatus,
     BatchUsage,
     FileObject,
 )
+from ._lease import kernel_boot_id
 
 DB_NAME = "batchclient.sqlite3"
-_SCHEMA = """
+SCHEMA = Schema(
+    "jobs",
+    (
+        Migration(
+            1,
+            """
 CREATE TABLE IF NOT EXISTS files(
     id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
     created_at INTEGER NOT NULL, purpose TEXT NOT NULL, sha256 TEXT NOT NULL);
@@ -78,22 +82,22 @@ CREATE TABLE IF NOT EXISTS results(
 CREATE TABLE IF NOT EXISTS job_lines(
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, custom_id TEXT NOT NULL, same_as INTEGER,
     repeat INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, seq)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS job_lines_same_as ON job_lines(job_id, same_as);
-CREATE TABLE IF NOT EXISTS remote_parts(
-    job_id TEXT NOT NULL, part INTEGER NOT NULL, first_seq INTEGER NOT NULL,
-    count INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 1, state TEXT NOT NULL,
-    input_file_id TEXT, batch_id TEXT, remote_status TEXT,
-    completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY(job_id, part));
-CREATE TABLE IF NOT EXISTS remote_calls(
-    call_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0);
-"""
-_ADDED_COLUMNS = {
-    "jobs": ("cache INTEGER", "cache_hits INTEGER NOT NULL DEFAULT 0"),
-    "results": ("cached INTEGER NOT NULL DEFAULT 0",),
-}
+CREATE INDEX IF NOT EXISTS job_lines_same_as ON job_lines(job_id, same_as)
+""",
+        ),
+        # the result cache: a job's own setting and hit count, and which results it gave
+        Migration(2, add_columns("jobs", "cache INTEGER", "cache_hits INTEGER NOT NULL DEFAULT 0")),
+        Migration(3, add_columns("results", "cached INTEGER NOT NULL DEFAULT 0")),
+        # how long the request took, so a job's items carry the latency metric a call's do
+        Migration(4, add_columns("results", "latency_s REAL")),
+        # the kernel boot id of the lease owner's machine: its lock file is trusted only there
+        Migration(5, add_columns("jobs", "owner_kernel TEXT")),
+    ),
+)
+"""The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
 _RESULT_COLUMNS = (
-    "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached"
+    "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached, "
+    "latency_s"
 )
 _TIMESTAMPS = (
     "in_progress_at",
@@ -105,9 +109,10 @@ _TIMESTAMPS = (
     "cancelling_at",
     "cancelled_at",
 )
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-TERMINAL = ("completed", "failed", "expired", "cancelled")
+ACTIVE = tuple(sorted(BatchStatus.ACTIVE))  # for SQL: ``status IN {ACTIVE}``
 _CHUNK = 1000
+KERNEL = kernel_boot_id()
+"""This machine's kernel boot id, recorded with every lease this process takes."""
 
 
 def now() -> int:
@@ -120,7 +125,9 @@ class ResultRow:
     ``line`` the JSON text of its output/error file line (set before committing); ``cached``
     whether the result cache gave it; ``merged`` (not stored) that it is the answer of an
     identical line, so it is not counted again in the job's ``cache_hits``. Tokens count what
-    was generated for this job (0 for a cache hit or a copy of an identical line's answer)."""
+    was generated for this job (0 for a cache hit or a copy of an identical line's answer).
+    ``latency_s`` is the answer's latency (seconds from dispatch), the ``latency`` metric of
+    its item in ``job_result``; None when unknown (a cache hit, a remote Batch API)."""
 
     seq: int
     custom_id: str
@@ -134,11 +141,53 @@ class ResultRow:
     line: str = ""
     cached: bool = False
     merged: bool = False
+    latency_s: float | None = None
+
+
+@dataclass(slots=True)
+class JobRow:
+    """A ``jobs`` row as stored: the batch record's fields (timestamps in unix seconds,
+    ``metadata`` and ``errors`` as JSON text), the provider ``identity`` that may resume it,
+    the job it was seeded from, its lease (``owner``, ``heartbeat_at``, ``owner_kernel``: see
+    :mod:`._lease`) and its cache setting (``cache``: None = the client's)."""
+
+    id: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    status: str
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    total: int
+    completed: int
+    failed: int
+    input_tokens: int
+    output_tokens: int
+    metadata: str | None
+    errors: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    model: str | None
+    identity: str
+    seed_job_id: str | None
+    owner: str | None
+    heartbeat_at: float | None
+    cache: int | None
+    cache_hits: int
+    owner_kernel: str | None
 
 
 class Store:
     """The SQLite database of one state directory. Thread-safe; every method is blocking
-    (call it through ``anyio.to_thread`` from async code)."""
+    (call it through ``anyio.to_thread`` from async code). Other stores add their tables to
+    the same database through :attr:`db` (``Database.migrate``)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -146,26 +195,11 @@ class Store:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.files_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.files_dir, 0o700)
-        db_path = state_dir / DB_NAME
-        os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT, 0o600))  # before SQLite creates it
-        os.chmod(db_path, 0o600)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            db_path, check_same_thread=False, isolation_level=None, timeout=30
-        )
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self.db = Database(state_dir / DB_NAME, [SCHEMA])
         self._opened = _file_id(state_dir / DB_NAME)
-        with self._lock, self._tx():
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self._db.execute(statement)
-            for table, columns in _ADDED_COLUMNS.items():
-                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
-                for column in columns:
-                    if column.split()[0] not in have:
-                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+        self.kernel: str | None = None
+        """Recorded with the leases taken through this store: :data:`KERNEL` once its owner
+        holds its lock file (:mod:`._lease`), so that the file's absence means it is gone."""
 
     @staticmethod
     def exists(state_dir: Path) -> bool:
@@ -182,24 +216,7 @@ class Store:
             )
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
-
-    def _one(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Row | None:
-        with self._lock:
-            row: sqlite3.Row | None = self._db.execute(sql, tuple(args)).fetchone()
-            return row
-
-    def _all(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return list(self._db.execute(sql, tuple(args)).fetchall())
-
-    def _write(self, sql: str, args: Iterable[Any] = ()) -> int:
-        with self._lock, self._tx():
-            return int(self._db.execute(sql, tuple(args)).rowcount)
+        self.db.close()
 
     # ------------------------------------------------------------------ files
 
@@ -207,25 +224,25 @@ class Store:
         return self.files_dir / file_id
 
     def add_file(self, record: FileObject, sha256: str) -> None:
-        self._write(
+        self.db.write(
             "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
             (record.id, record.filename, record.bytes, record.created_at, record.purpose, sha256),
         )
 
     def get_file(self, file_id: str) -> FileObject:
-        row = self._one("SELECT * FROM files WHERE id = ?", (file_id,))
+        row = self.db.one("SELECT * FROM files WHERE id = ?", (file_id,))
         if row is None:
             raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
         return _file(row)
 
     def file_sha256(self, file_id: str) -> str:
-        row = self._one("SELECT sha256 FROM files WHERE id = ?", (file_id,))
+        row = self.db.one("SELECT sha256 FROM files WHERE id = ?", (file_id,))
         if row is None:
             raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
         return str(row["sha256"])
 
     def find_files(self, sha256: str, purpose: str) -> list[FileObject]:
-        rows = self._all(
+        rows = self.db.all(
             "SELECT * FROM files WHERE sha256 = ? AND purpose = ? ORDER BY created_at DESC",
             (sha256, purpose),
         )
@@ -233,21 +250,39 @@ class Store:
 
     def list_files(self, purpose: str | None = None) -> list[FileObject]:
         if purpose is None:
-            rows = self._all("SELECT * FROM files ORDER BY created_at DESC, rowid DESC")
+            rows = self.db.all("SELECT * FROM files ORDER BY created_at DESC, rowid DESC")
         else:
-            rows = self._all(
+            rows = self.db.all(
                 "SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, rowid DESC",
                 (purpose,),
             )
         return [_file(r) for r in rows]
 
     def delete_file(self, file_id: str) -> None:
-        if not self._write("DELETE FROM files WHERE id = ?", (file_id,)):
+        if not self.db.write("DELETE FROM files WHERE id = ?", (file_id,)):
             raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
         self.file_path(file_id).unlink(missing_ok=True)
 
+    def delete_unused_file(self, file_id: str) -> list[str]:
+        """Delete a file unless unfinished jobs read it; return those jobs (nothing deleted
+        then). One transaction, so a job created meanwhile either finds no file or keeps it."""
+        with self.db.transaction() as db:
+            users = [
+                str(r[0])
+                for r in db.execute(
+                    f"SELECT id FROM jobs WHERE input_file_id = ? AND status IN {ACTIVE}",
+                    (file_id,),
+                )
+            ]
+            if users:
+                return users
+            if not db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount:
+                raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
+        self.file_path(file_id).unlink(missing_ok=True)
+        return []
+
     def jobs_using_file(self, file_id: str) -> list[str]:
-        rows = self._all(
+        rows = self.db.all(
             f"SELECT id FROM jobs WHERE input_file_id = ? AND status IN {ACTIVE}", (file_id,)
         )
         return [str(r["id"]) for r in rows]
@@ -255,15 +290,25 @@ class Store:
     # ------------------------------------------------------------------ jobs
 
     def insert_job(self, fields: dict[str, Any]) -> None:
+        """Raises ``FileNotFoundInStoreError`` when the input file is gone: the check and the
+        insert are one statement, so a concurrent :meth:`delete_unused_file` comes wholly
+        before (no job) or after (refused: the job uses the file)."""
         names = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
-        self._write(f"INSERT INTO jobs ({names}) VALUES ({marks})", fields.values())
+        file_id = fields["input_file_id"]
+        inserted = self.db.write(
+            f"INSERT INTO jobs ({names}) SELECT {marks} "
+            "WHERE EXISTS (SELECT 1 FROM files WHERE id = ?)",
+            [*fields.values(), file_id],
+        )
+        if not inserted:
+            raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
 
-    def job_row(self, job_id: str) -> sqlite3.Row:
-        row = self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+    def job_row(self, job_id: str) -> JobRow:
+        row = self.db.one("SELECT * FROM jobs WHERE id = ?", (job_id,))
         if row is None:
             raise JobNotFoundError(f"no job {job_id!r} in {self.state_dir}")
-        return row
+        return record(JobRow, row)
 
     def get_job(self, job_id: str) -> Batch:
         return _job(self.job_row(job_id))
@@ -276,8 +321,8 @@ class Store:
             sql += " WHERE (created_at, rowid) < (SELECT created_at, rowid FROM jobs WHERE id = ?)"
             args.append(after)
         sql += " ORDER BY created_at DESC, rowid DESC"
-        rows = self._all(sql + (f" LIMIT {int(limit)}" if limit else ""), args)
-        return [_job(r) for r in rows]
+        rows = self.db.all(sql + (f" LIMIT {int(limit)}" if limit else ""), args)
+        return [_job(record(JobRow, r)) for r in rows]
 
     def update_job(self, job_id: str, *, where_status: Iterable[str] = (), **fields: Any) -> bool:
         """Set ``fields``; with ``where_status``, only if the job is in one of those states.
@@ -290,32 +335,34 @@ class Store:
         if states:
             sql += f" AND status IN ({', '.join('?' for _ in states)})"
             args += states
-        return self._write(sql, args) > 0
+        return self.db.write(sql, args) > 0
 
-    def active_jobs(self) -> list[sqlite3.Row]:
-        return self._all(f"SELECT * FROM jobs WHERE status IN {ACTIVE} ORDER BY created_at")
+    def active_jobs(self) -> list[JobRow]:
+        rows = self.db.all(f"SELECT * FROM jobs WHERE status IN {ACTIVE} ORDER BY created_at")
+        return [record(JobRow, r) for r in rows]
 
-    def claim(self, job_id: str, owner: str, expected: str | None) -> bool:
-        """Take the job's lease if its owner is still ``expected`` (compare-and-swap)."""
+    def claim(self, job_id: str, owner: str | None, expected: str | None) -> bool:
+        """Take the job's lease for ``owner`` (None: leave it free) if its owner is still
+        ``expected`` (compare-and-swap)."""
+        kernel = None if owner is None else self.kernel
         return (
-            self._write(
-                "UPDATE jobs SET owner = ?, heartbeat_at = ? WHERE id = ? AND owner IS ?",
-                (owner, time.time(), job_id, expected),
+            self.db.write(
+                "UPDATE jobs SET owner = ?, heartbeat_at = ?, owner_kernel = ? "
+                "WHERE id = ? AND owner IS ?",
+                (owner, time.time(), kernel, job_id, expected),
             )
             > 0
         )
 
     def heartbeat(self, owner: str) -> list[tuple[str, str]]:
         """Refresh the leases of ``owner``; return ``(job id, status)`` of the jobs it holds."""
-        with self._lock, self._tx():
-            self._db.execute(
-                "UPDATE jobs SET heartbeat_at = ? WHERE owner = ?", (time.time(), owner)
-            )
-            rows = self._db.execute("SELECT id, status FROM jobs WHERE owner = ?", (owner,))
+        with self.db.transaction() as db:
+            db.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ?", (time.time(), owner))
+            rows = db.execute("SELECT id, status FROM jobs WHERE owner = ?", (owner,))
             return [(str(r["id"]), str(r["status"])) for r in rows.fetchall()]
 
     def release(self, job_id: str, owner: str) -> None:
-        self._write("UPDATE jobs SET owner = NULL WHERE id = ? AND owner = ?", (job_id, owner))
+        self.db.write("UPDATE jobs SET owner = NULL WHERE id = ? AND owner = ?", (job_id, owner))
 
     # ------------------------------------------------------------------ results
 
@@ -323,11 +370,11 @@ class Store:
         """Insert finished rows (a row already there is left alone) and grow the job's request
         counts and usage by exactly the rows inserted, in one transaction."""
         ok = bad = tokens_in = tokens_out = hits = 0
-        with self._lock, self._tx():
+        with self.db.transaction() as db:
             for row in rows:
-                cur = self._db.execute(
+                cur = db.execute(
                     f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         row.seq,
@@ -339,6 +386,7 @@ class Store:
                         row.input_tokens,
                         row.output_tokens,
                         int(row.cached),
+                        row.latency_s,
                     ),
                 )
                 if cur.rowcount:
@@ -347,7 +395,7 @@ class Store:
                     tokens_in += row.input_tokens
                     tokens_out += row.output_tokens
                     hits += row.cached and not row.merged
-            self._db.execute(
+            db.execute(
                 "UPDATE jobs SET completed = completed + ?, failed = failed + ?, "
                 "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
                 "cache_hits = cache_hits + ? WHERE id = ?",
@@ -356,7 +404,7 @@ class Store:
 
     def finished_seqs(self, job_id: str, lo: int, hi: int) -> set[int]:
         """The finished ``seq``s of the job in ``lo..hi`` (inclusive)."""
-        rows = self._all(
+        rows = self.db.all(
             "SELECT seq FROM results WHERE job_id = ? AND seq BETWEEN ? AND ?", (job_id, lo, hi)
         )
         return {int(r["seq"]) for r in rows}
@@ -367,7 +415,7 @@ class Store:
         after = -1
         extra = "" if ok is None else f" AND ok = {int(ok)}"
         while True:
-            rows = self._all(
+            rows = self.db.all(
                 f"SELECT {columns} FROM results WHERE job_id = ? AND seq > ?{extra} "
                 "ORDER BY seq LIMIT ?",
                 (job_id, after, _CHUNK),
@@ -386,15 +434,16 @@ class Store:
         return (str(r["line"]) for r in self._chunked(job_id, "seq, line", ok))
 
     def copy_successes(self, src_job: str, dst_job: str) -> None:
-        """Seed ``dst_job`` with the successful rows of ``src_job`` (same input content)."""
-        with self._lock, self._tx():
-            self._db.execute(
+        """Seed ``dst_job`` with the successful rows of ``src_job`` (same input content). The
+        copies carry no tokens: ``usage`` counts what was generated for ``dst_job``."""
+        with self.db.transaction() as db:
+            db.execute(
                 f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) SELECT ?, seq, custom_id, "
-                "ok, status_code, error, line, input_tokens, output_tokens, 0 FROM results "
+                "ok, status_code, error, line, 0, 0, 0, latency_s FROM results "
                 "WHERE job_id = ? AND ok = 1",
                 (dst_job, src_job),
             )
-            self._db.execute(
+            db.execute(
                 "UPDATE jobs SET completed = (SELECT count(*) FROM results WHERE job_id = ?1), "
                 "input_tokens = (SELECT coalesce(sum(input_tokens), 0) FROM results "
                 "WHERE job_id = ?1), output_tokens = (SELECT coalesce(sum(output_tokens), 0) "
@@ -403,12 +452,12 @@ class Store:
             )
 
     def delete_results(self, job_id: str) -> None:
-        with self._lock, self._tx():
-            self._db.execute("DELETE FROM results WHERE job_id = ?", (job_id,))
-            self._db.execute("DELETE FROM job_lines WHERE job_id = ?", (job_id,))
+        with self.db.transaction() as db:
+            db.execute("DELETE FROM results WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM job_lines WHERE job_id = ?", (job_id,))
 
     def result_row(self, job_id: str, seq: int) -> ResultRow | None:
-        row = self._one("SELECT * FROM results WHERE job_id = ? AND seq = ?", (job_id, seq))
+        row = self.db.one("SELECT * FROM results WHERE job_id = ? AND seq = ?", (job_id, seq))
         return None if row is None else _result(row)
 
     # ------------------------------------------------------------------ lines not sent as is
@@ -416,15 +465,15 @@ class Store:
     def add_job_lines(self, job_id: str, lines: list[tuple[int, str, int | None, int]]) -> None:
         """Record ``(seq, custom_id, same_as, repeat)`` of lines merged into an earlier
         identical one (``same_as``) or repeating an earlier sampled one (``repeat`` > 0)."""
-        with self._lock, self._tx():
-            self._db.executemany(
+        with self.db.transaction() as db:
+            db.executemany(
                 "INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)",
                 [(job_id, *line) for line in lines],
             )
 
     def job_lines(self, job_id: str, lo: int, hi: int) -> dict[int, tuple[int | None, int]]:
         """``{seq: (same_as, repeat)}`` of the recorded lines in ``lo..hi``."""
-        rows = self._all(
+        rows = self.db.all(
             "SELECT seq, same_as, repeat FROM job_lines WHERE job_id = ? AND seq BETWEEN ? AND ?",
             (job_id, lo, hi),
         )
@@ -432,7 +481,7 @@ class Store:
 
     def merged_into(self, job_id: str, lo: int, hi: int) -> dict[int, list[tuple[int, str]]]:
         """``{seq: [(seq, custom_id) of the lines merged into it]}`` for ``seq`` in ``lo..hi``."""
-        rows = self._all(
+        rows = self.db.all(
             "SELECT same_as, seq, custom_id FROM job_lines WHERE job_id = ? "
             "AND same_as BETWEEN ? AND ? ORDER BY seq",
             (job_id, lo, hi),
@@ -445,7 +494,7 @@ class Store:
     def unanswered_merged(self, job_id: str) -> list[tuple[int, str, int]]:
         """``(seq, custom_id, same_as)`` of merged lines without a result whose line has one
         (left by results copied from an earlier job that did not merge them)."""
-        rows = self._all(
+        rows = self.db.all(
             "SELECT l.seq, l.custom_id, l.same_as FROM job_lines l "
             "JOIN results r ON r.job_id = l.job_id AND r.seq = l.same_as "
             "WHERE l.job_id = ? AND NOT EXISTS "
@@ -453,61 +502,6 @@ class Store:
             (job_id,),
         )
         return [(int(r["seq"]), str(r["custom_id"]), int(r["same_as"])) for r in rows]
-
-    # ------------------------------------------------------------------ remote batches
-
-    def add_part(self, job_id: str, part: int, first_seq: int, count: int, attempt: int) -> None:
-        """Record a planned remote batch covering input lines ``first_seq .. +count``."""
-        self._write(
-            "INSERT INTO remote_parts (job_id, part, first_seq, count, attempt, state) "
-            "VALUES (?, ?, ?, ?, ?, 'planned')",
-            (job_id, part, first_seq, count, attempt),
-        )
-
-    def update_part(self, job_id: str, part: int, **fields: Any) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self._write(
-            f"UPDATE remote_parts SET {sets} WHERE job_id = ? AND part = ?",
-            [*fields.values(), job_id, part],
-        )
-
-    def parts(self, job_id: str) -> list[sqlite3.Row]:
-        """The job's remote batches, in part order."""
-        return self._all("SELECT * FROM remote_parts WHERE job_id = ? ORDER BY part", (job_id,))
-
-    def call_job(self, call_key: str) -> sqlite3.Row | None:
-        return self._one("SELECT * FROM remote_calls WHERE call_key = ?", (call_key,))
-
-    def set_call(self, call_key: str, job_id: str, *, delivered: bool = False) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO remote_calls VALUES (?, ?, ?)",
-            (call_key, job_id, int(delivered)),
-        )
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` .. ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error:  # e.g. a full disk: leave no transaction open behind us
-                self._rollback()
-                raise
-        else:
-            self._rollback()
-
-    def _rollback(self) -> None:
-        if self._db.in_transaction:  # SQLite may have rolled back already (a full disk)
-            with contextlib.suppress(sqlite3.Error):  # keep the error that got us here
-                self._db.execute("ROLLBACK")
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -534,32 +528,32 @@ def _file(row: sqlite3.Row) -> FileObject:
     )
 
 
-def _job(row: sqlite3.Row) -> Batch:
-    errors = json.loads(row["errors"]) if row["errors"] else None
+def _job(row: JobRow) -> Batch:
+    errors = json.loads(row.errors) if row.errors else None
     return Batch(
-        id=row["id"],
-        endpoint=row["endpoint"],
+        id=row.id,
+        endpoint=row.endpoint,
         errors=(
             BatchErrors(data=[BatchError.model_validate(e) for e in errors]) if errors else None
         ),
-        input_file_id=row["input_file_id"],
-        completion_window=row["completion_window"],
-        status=row["status"],
-        output_file_id=row["output_file_id"],
-        error_file_id=row["error_file_id"],
-        created_at=row["created_at"],
+        input_file_id=row.input_file_id,
+        completion_window=row.completion_window,
+        status=row.status,
+        output_file_id=row.output_file_id,
+        error_file_id=row.error_file_id,
+        created_at=row.created_at,
         request_counts=BatchRequestCounts(
-            total=row["total"], completed=row["completed"], failed=row["failed"]
+            total=row.total, completed=row.completed, failed=row.failed
         ),
-        metadata=json.loads(row["metadata"]) if row["metadata"] else None,
+        metadata=json.loads(row.metadata) if row.metadata else None,
         usage=BatchUsage(
-            input_tokens=row["input_tokens"],
-            output_tokens=row["output_tokens"],
-            total_tokens=row["input_tokens"] + row["output_tokens"],
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            total_tokens=row.input_tokens + row.output_tokens,
         ),
-        model=row["model"],
-        cache_hits=row["cache_hits"],
-        **{k: row[k] for k in _TIMESTAMPS},
+        model=row.model,
+        cache_hits=row.cache_hits,
+        **{k: getattr(row, k) for k in _TIMESTAMPS},
     )
 
 
@@ -577,6 +571,7 @@ def _result(row: sqlite3.Row) -> ResultRow:
         output_tokens=row["output_tokens"],
         line=row["line"],
         cached=bool(row["cached"]),
+        latency_s=row["latency_s"],
     )
 
 

@@ -20,17 +20,15 @@ whatever the number of lines. Guide: ``docs/jobs.md`` ("The file format").
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..errors import ErrorCode
-from ..types import BatchError
+from ..types import BatchError, Endpoint
 
-CHAT_COMPLETIONS = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
 MAX_LINE_BYTES = 32 * 1024 * 1024
 """Longest accepted line (32 MiB); longer lines are refused without being read into memory."""
 MAX_LISTED_ERRORS = 1000
@@ -174,7 +172,7 @@ def check_request(obj: dict[str, Any], endpoint: str) -> tuple[ErrorCode, str, s
     if obj["url"] != endpoint:
         return (
             ErrorCode.invalid_url,
-            f"url {str(obj['url'])[:100]!r} does not match this batch's endpoint {endpoint!r}",
+            f"url {str(obj['url'])[:100]!r} does not match this batch's endpoint {str(endpoint)!r}",
             "url",
         )
     body = obj["body"]
@@ -263,10 +261,10 @@ def _check_embeddings(body: dict[str, Any]) -> Problem | None:
     return bad
 
 
-_BODY_CHECKS = {
-    CHAT_COMPLETIONS: _check_chat,
-    COMPLETIONS: _check_completions,
-    EMBEDDINGS: _check_embeddings,
+_BODY_CHECKS: dict[str, Callable[[dict[str, Any]], Problem | None]] = {
+    Endpoint.chat_completions: _check_chat,
+    Endpoint.completions: _check_completions,
+    Endpoint.embeddings: _check_embeddings,
 }
 
 
@@ -294,7 +292,7 @@ class _SeenIds:
 def validate_batch_file(
     stream: IO[bytes],
     *,
-    endpoint: str = CHAT_COMPLETIONS,
+    endpoint: str = Endpoint.chat_completions,
     on_request: Callable[[RequestLine], None] | None = None,
 ) -> ValidationReport:
     """Validate a whole batch input file read from a binary stream (seekable). Never raises on
@@ -380,6 +378,23 @@ def validate_batch_file(
             )
         )
     return report
+
+
+def file_endpoint(path: str | os.PathLike[str]) -> Endpoint:
+    """A batch file's endpoint: the ``url`` of its first request line when that is one of
+    the batch endpoints (validation then holds every line to it), else chat completions (a
+    file whose first line names none is refused line by line against that)."""
+    with open(path, "rb") as f:
+        for _, raw in iter_lines(f):
+            if raw is None or is_blank(raw):
+                continue
+            obj, _problem = parse_line(raw)
+            url = obj.get("url") if obj is not None else None
+            return Endpoint(url) if url in _ENDPOINT_URLS else Endpoint.chat_completions
+    return Endpoint.chat_completions
+
+
+_ENDPOINT_URLS = frozenset(e.value for e in Endpoint)
 
 
 def iter_requests(stream: IO[bytes]) -> Iterator[RequestLine]:

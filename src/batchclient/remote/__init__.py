@@ -4,16 +4,12 @@
 concurrency, throttling and announced quotas, rpm/tpm, many endpoints).
 """
 
-from ._client import RemoteBatchInference, RemoteEndpoint, RemoteProvider
-from ._endpoints import LaneStats
-from ._settings import (
-    AdaptiveConcurrency,
-    Ejection,
-    HttpOptions,
-    RateLimits,
-    RetryPolicy,
-    Timeouts,
-)
+from .._routing.dispatch import LaneStats
+from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy
+from ._client import RemoteBatchInference, RemoteProvider
+from ._options import RemoteOptions
+from ._settings import HttpOptions, Timeouts
+from ._setup import RemoteEndpoint
 
 __all__ = [
     "AdaptiveConcurrency",
@@ -23,6 +19,7 @@ __all__ = [
     "RateLimits",
     "RemoteBatchInference",
     "RemoteEndpoint",
+    "RemoteOptions",
     "RemoteProvider",
     "RetryPolicy",
     "Timeouts",

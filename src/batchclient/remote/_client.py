@@ -2,12 +2,13 @@
 ``RemoteBatchInference``, the client over it.
 
 One ``POST {base_url}{path}`` per request, the path from the request's endpoint
-(``/chat/completions``, ``/completions``, ``/embeddings``). Each attempt takes a slot on the
-least-loaded usable (replica, model) lane (:mod:`._endpoints`), whose limit adapts to throttling
-(:mod:`._adaptive`), waits for the replica's rpm/tpm buckets (:mod:`._rates`) and its announced
-quota (:mod:`._quota`), and is sent over the replica's aiohttp session (:mod:`._transport`);
-failures are retried by the policy in :mod:`._retry`. The per-request timeout starts when the
-request is sent, after every queue.
+(``/chat/completions``, ``/completions``, ``/embeddings``; one-input embedding requests in
+flight together go in groups, :mod:`._embed_groups`). Each attempt takes a slot on the
+least-loaded usable (replica, model) lane (the router, ``batchclient._routing``: ``dispatch``),
+whose limit adapts to throttling (``adaptive``), waits for the replica's rpm/tpm buckets
+(``rates``) and its announced quota (``quota``), and is sent over the replica's aiohttp session
+(:mod:`._transport`); failures are retried by the policy in ``_routing.retry``. The per-request
+timeout starts when the request is sent, after every queue.
 ``docs/remote.md`` explains every knob and algorithm.
 """
 
@@ -16,8 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import orjson
@@ -25,32 +25,30 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from .._core.client import BatchClient
 from .._core.decode import http_error, load_json
+from .._core.prefix import prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import Tokenizer
-from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
-from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
-from ..types import Endpoint
-from ._endpoints import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
-from ._identity import public_url, served_model_facts
-from ._retry import (
+from .._routing.dispatch import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
+from .._routing.quota import announces_quota
+from .._routing.retry import (
     EJECTING_STATUS,
     RETRYABLE_STATUS,
     THROTTLE_STATUS,
     RetryableFailure,
     RetryWait,
-    parse_retry_after,
+    retry_after_of,
 )
-from ._settings import (
-    AdaptiveConcurrency,
-    Ejection,
-    HttpOptions,
-    RateLimits,
-    RetryPolicy,
-    Timeouts,
-)
-from ._setup import Verify, build_dispatcher, check_settings
+from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy
+from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
+from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
+from ..types import Endpoint
+from ._embed_groups import EmbeddingGroups
+from ._identity import public_url, served_model_facts
+from ._options import RemoteOptions
+from ._settings import HttpOptions, Timeouts
+from ._setup import RemoteEndpoint, Verify, build_dispatcher, check_settings
 from ._structured import VllmProbe
 from ._tokenize import find_tokenizer
 from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
@@ -62,18 +60,11 @@ __all__ = ["RemoteBatchInference", "RemoteEndpoint", "RemoteProvider"]
 # other requests meanwhile (orjson reads about 1 GB/s: 4 MiB is a few milliseconds).
 _THREAD_PARSE_BYTES = 4 << 20
 
+_PATHS = {endpoint: endpoint.path for endpoint in Endpoint}  # looked up once per request
 
-@dataclass(frozen=True)
-class RemoteEndpoint:
-    """One replica with its own limits; a plain URL string in ``base_url`` means "the client's
-    defaults". ``url`` is the API root (``.../v1``); ``max_concurrency`` (requests in flight
-    per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override the
-    client's values for this endpoint; None keeps them."""
-
-    url: str
-    max_concurrency: int | None = None
-    rpm: float | None = None
-    tpm: float | None = None
+EMBEDDING_GROUP_SIZE = 16
+"""Default one-input embedding requests sent as one ``/v1/embeddings`` request
+(``embedding_group_size``; ``docs/remote.md``, "Embeddings in groups")."""
 
 
 BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
@@ -85,7 +76,8 @@ class RemoteBatchInference(BatchClient):
     ``/v1/completions``, ``/v1/embeddings``: vLLM servers, OpenAI, llama.cpp servers, ...). Use
     as ``async with``.
 
-    Args:
+    Args (every one after ``api_key`` keyword-only; the options other than ``state_dir`` and
+    ``cache`` are :class:`RemoteOptions`, the provider's):
         base_url: the API root (e.g. ``http://127.0.0.1:8000/v1``), or a list of replicas
             serving the same models (URLs or :class:`RemoteEndpoint`); each request goes to the
             least-loaded healthy one. A query string in it (Azure OpenAI's
@@ -124,6 +116,11 @@ class RemoteBatchInference(BatchClient):
         http: client certificate, answer size cap, keep-alive expiry (:class:`HttpOptions`).
         check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
             model the endpoint does not list (skipped if the endpoint cannot list models).
+        embedding_group_size: how many one-input ``/v1/embeddings`` requests in flight together
+            (same model and parameters) are sent as one request with a list ``input`` (default
+            16; 1 sends each alone). Each input keeps its own result, error and cache entry; a
+            group the server refuses with 400/413/422 is split until only the refused input
+            fails (``docs/remote.md``, "Embeddings in groups").
         tokenizer: a local folder with the model's tokenizer files, for the scoring calls on
             text (``batch_loglikelihood``, ``batch_loglikelihood_rolling``); needs
             ``transformers``. None (default): the server's ``/tokenize`` route (vLLM), and a
@@ -146,49 +143,11 @@ class RemoteBatchInference(BatchClient):
         base_url: BaseUrl,
         api_key: str | None = None,
         *,
-        max_concurrency: int = 64,
-        max_retries: int = 4,
-        timeout: float = 600.0,
-        rpm: float | None = None,
-        tpm: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        default_query: Mapping[str, str] | None = None,
-        proxy: str | None = None,
-        trust_env: bool = True,
-        verify: Verify = True,
-        adaptive: AdaptiveConcurrency | bool = True,
-        retry: RetryPolicy = RetryPolicy(),
-        rate_limits: RateLimits = RateLimits(),
-        ejection: Ejection = Ejection(),
-        timeouts: Timeouts = Timeouts(),
-        http: HttpOptions = HttpOptions(),
-        check_model: bool = True,
-        tokenizer: str | os.PathLike[str] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
+        **options: Unpack[RemoteOptions],
     ) -> None:
-        provider = RemoteProvider(
-            base_url,
-            api_key,
-            max_concurrency=max_concurrency,
-            max_retries=max_retries,
-            timeout=timeout,
-            rpm=rpm,
-            tpm=tpm,
-            headers=headers,
-            default_query=default_query,
-            proxy=proxy,
-            trust_env=trust_env,
-            verify=verify,
-            adaptive=adaptive,
-            retry=retry,
-            rate_limits=rate_limits,
-            ejection=ejection,
-            timeouts=timeouts,
-            http=http,
-            check_model=check_model,
-            tokenizer=tokenizer,
-        )
+        provider = RemoteProvider(base_url, api_key, **options)
         super().__init__(provider, state_dir=state_dir, cache=cache)
 
     @property
@@ -232,7 +191,12 @@ class RemoteProvider(Provider):
         http: HttpOptions = HttpOptions(),
         check_model: bool = True,
         tokenizer: str | os.PathLike[str] | None = None,
+        embedding_group_size: int = EMBEDDING_GROUP_SIZE,
     ) -> None:
+        if type(embedding_group_size) is not int or embedding_group_size < 1:
+            raise ConfigurationError(
+                f"embedding_group_size must be an int >= 1, not {embedding_group_size!r}"
+            )
         check_settings(max_concurrency, max_retries, timeout, rpm, tpm, rate_limits, ejection)
         urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
         if not urls:
@@ -254,6 +218,8 @@ class RemoteProvider(Provider):
         self._vllm_probe = VllmProbe(timeouts.list_models_s)
         self._tokenizer_path = tokenizer
         self._tokenizers: dict[str, Tokenizer] = {}
+        self.embedding_group_size = embedding_group_size
+        self._embedding_groups = EmbeddingGroups(embedding_group_size, self._send_embeddings)
 
         def build() -> Dispatcher:
             return build_dispatcher(
@@ -399,26 +365,40 @@ class RemoteProvider(Provider):
                 return refused
         if request.score_span is not None and await self._all_vllm():
             body = prompt_logprobs_body(body)
-        result = await self._send(body, request.endpoint)
+        endpoint = request.endpoint
+        if endpoint is Endpoint.embeddings:
+            return await self._embedding_groups.execute(body)
+        # what ``_send_embeddings`` does, inlined: one coroutine less per request on the hot path
+        model = str(body.get("model"))
+        data = orjson.dumps(body)
+        path = _PATHS[endpoint]  # below the API root: "/v1/chat/completions" -> "/chat/..."
+        # the shared prefix's key, for replica affinity (one endpoint: nothing to choose)
+        key = prefix_key(request) if len(self._dispatcher.endpoints) > 1 else None
+        try:  # the fast path: one attempt, no retry machinery
+            result = await self._attempt(model, path, body, data, endpoint, None, key=key)
+        except RetryableFailure as first:
+            result = await self._retry(model, path, body, data, endpoint, first, key)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
         return result
+
+    async def _send_embeddings(self, body: dict[str, Any]) -> Result:
+        """Send one ``/v1/embeddings`` body (a group's, or one input's), with the routing and
+        retries of every request."""
+        endpoint = Endpoint.embeddings
+        model = str(body.get("model"))
+        data = orjson.dumps(body)
+        path = _PATHS[endpoint]
+        try:
+            return await self._attempt(model, path, body, data, endpoint, None)
+        except RetryableFailure as first:
+            return await self._retry(model, path, body, data, endpoint, first)
 
     async def _all_vllm(self) -> bool:
         for endpoint in self._dispatcher.endpoints:
             if not await self._vllm_probe.is_vllm(endpoint):
                 return False
         return True
-
-    async def _send(self, body: dict[str, Any], endpoint: Endpoint) -> Result:
-        model = str(body.get("model"))
-        data = orjson.dumps(body)
-        # the endpoint's path below the API root: "/v1/chat/completions" -> "/chat/completions"
-        path = endpoint.value.removeprefix("/v1")
-        try:  # the fast path: one attempt, no retry machinery
-            return await self._attempt(model, path, body, data, endpoint, None)
-        except RetryableFailure as first:
-            return await self._retry(model, path, body, data, endpoint, first)
 
     async def _retry(
         self,
@@ -428,6 +408,7 @@ class RemoteProvider(Provider):
         data: bytes,
         endpoint: Endpoint,
         first: RetryableFailure,
+        key: int | None = None,
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.endpoint
@@ -447,7 +428,7 @@ class RemoteProvider(Provider):
                     attempts += 1
                     try:
                         result = await self._attempt(
-                            model, path, body, data, endpoint, avoid, told_when
+                            model, path, body, data, endpoint, avoid, told_when, key=key
                         )
                     except RetryableFailure as again:
                         avoid = again.endpoint or avoid
@@ -469,13 +450,16 @@ class RemoteProvider(Provider):
         endpoint: Endpoint,
         avoid: Replica | None,
         past_pause: bool = False,
+        *,
+        key: int | None = None,
     ) -> Result:
-        """Send once. Returns the final result, or raises ``RetryableFailure``."""
+        """Send once (``key``: the request's prefix key, for replica affinity). Returns the
+        final result, or raises ``RetryableFailure``."""
         dispatcher = self._dispatcher
-        lane = dispatcher.try_acquire(model, avoid, past_pause)
+        lane = dispatcher.try_acquire(model, avoid, past_pause, key)
         if lane is None:
             try:
-                lane = await dispatcher.acquire(model, avoid, past_pause)
+                lane = await dispatcher.acquire(model, avoid, past_pause, key)
             except EndpointUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
                 raise RetryableFailure(
@@ -529,7 +513,7 @@ class RemoteProvider(Provider):
         now = time.monotonic()
         status, headers, raw = resp.status, resp.headers, resp.body
         ep = lane.endpoint
-        quota_zero = ep.quota.observe(headers, marks, now) if _has_quota(headers) else False
+        quota_zero = ep.quota.observe(headers, marks, now) if announces_quota(headers) else False
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
         if 200 <= status < 300:
@@ -547,7 +531,7 @@ class RemoteProvider(Provider):
         result.request_id = request_id
         if status in THROTTLE_STATUS:
             cap = self.retry.retry_after_cap_s
-            wait = parse_retry_after(headers.get("retry-after"), cap_s=cap)
+            wait = retry_after_of(headers, cap_s=cap)
             if wait is None and quota_zero and ep.quota.reset_in(now) is not None:
                 wait = min(cap, ep.quota.reset_in(now) or 0.0)
             dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
@@ -558,10 +542,6 @@ class RemoteProvider(Provider):
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
-
-
-def _has_quota(headers: Mapping[str, str]) -> bool:
-    return "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers
 
 
 def _told_when(failure: RetryableFailure) -> bool:

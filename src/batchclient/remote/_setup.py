@@ -7,15 +7,16 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from .._routing.adaptive import AdaptiveSettings
+from .._routing.dispatch import Dispatcher, Replica
+from .._routing.rates import RateBuckets
+from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits
 from .._version import __version__
 from ..errors import ConfigurationError
-from ._adaptive import AdaptiveSettings
-from ._endpoints import Dispatcher, Replica
-from ._rates import RateBuckets
-from ._settings import AdaptiveConcurrency, Ejection, HttpOptions, RateLimits, Timeouts
+from ._settings import HttpOptions, Timeouts
 from ._transport import Transport
 from ._urls import (
     Redactor,
@@ -26,12 +27,30 @@ from ._urls import (
     resolve_proxy,
 )
 
-if TYPE_CHECKING:
-    from ._client import RemoteEndpoint
-
-__all__ = ["USER_AGENT", "Verify", "build_dispatcher", "check_settings", "tls_settings"]
+__all__ = [
+    "USER_AGENT",
+    "RemoteEndpoint",
+    "Verify",
+    "build_dispatcher",
+    "check_settings",
+    "tls_settings",
+]
 
 USER_AGENT = f"batchclient/{__version__}"
+
+
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """One replica with its own limits; a plain URL string in ``base_url`` means "the client's
+    defaults". ``url`` is the API root (``.../v1``); ``max_concurrency`` (requests in flight
+    per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override the
+    client's values for this endpoint; None keeps them."""
+
+    url: str
+    max_concurrency: int | None = None
+    rpm: float | None = None
+    tpm: float | None = None
+
 
 Verify = bool | str | os.PathLike[str] | ssl.SSLContext
 """True (system CAs), a CA bundle file or directory, an ``SSLContext``, or False."""
@@ -148,7 +167,12 @@ def build_dispatcher(
             # it, and the proxy removes it before forwarding
             fixed["Proxy-Authorization"], proxy_auth = proxy_auth, None
         redactor = Redactor.of(
-            fixed, key, address.password, proxy_url.password if proxy_url else None, proxy_auth
+            fixed,
+            key,
+            address.password,
+            proxy_url.password if proxy_url else None,
+            proxy_auth,
+            *address.secrets,
         )
         maximum = spec.max_concurrency or max_concurrency
         initial = settings_of.initial

@@ -20,8 +20,8 @@ import anyio
 
 from .._core.decode import load_json
 from .._core.request import Result, failed
+from .._routing.dispatch import Replica
 from ..errors import ErrorCode
-from ._endpoints import Replica
 from ._transport import HttpError, HttpTimeout, ResponseTooLarge
 
 

@@ -28,9 +28,9 @@ import orjson
 from .._core.decode import http_error
 from .._core.request import item_error
 from .._core.tokens import HFTokenizer, Tokenizer, TokenizerInfo
+from .._routing.dispatch import Replica
 from ..errors import ConfigurationError, ErrorCode
 from ..types import BatchItemError
-from ._endpoints import Replica
 from ._transport import HttpError, HttpTimeout, ResponseTooLarge
 
 _CONCURRENT_TOKENIZE = 32  # /tokenize calls in flight (each is a few hundred microseconds)

@@ -220,7 +220,15 @@ class Transport:
         except (aiohttp.ClientError, ValueError) as exc:
             raise HttpError(self._describe(exc)) from None
         try:
-            data = await self._read(resp)
+            length = resp.content_length
+            if (
+                length is not None
+                and length <= self.max_response_bytes
+                and "Content-Encoding" not in resp.headers
+            ):
+                data: bytes | bytearray = await resp.read()  # framed, uncompressed, small
+            else:
+                data = await self._read(resp)
         except TimeoutError:
             resp.close()
             raise HttpTimeout() from None

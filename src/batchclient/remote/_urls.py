@@ -12,9 +12,14 @@ and the secrets that must never be kept.
   and never echoing its value (a CR/LF in a value is a header injection). Framing headers
   (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection``) belong to the transport.
   The API key is stripped of surrounding whitespace (a key read from a file ends in a newline).
-- **Secrets**: the API key, URL and proxy passwords and the values of credential-like headers
-  are collected in a :class:`Redactor`, which scrubs them from error messages and from upstream
-  error bodies before they are stored (a server's 400 may echo the request's headers).
+- **Secrets**: the API key, URL and proxy passwords, the values of credential-like headers and
+  of query parameters named like secrets (``api_key``, ``key``, ``token``, ``access_token``,
+  ``sig``, ``signature``, ``password``, ``secret``, ``x-api-key``, ...; see
+  :func:`is_secret_name`) are collected in a :class:`Redactor`, which scrubs them from error
+  messages and from upstream error bodies before they are stored (a server's 400 may echo the
+  request's headers or its request line). Whatever their value, ``name=value`` pairs with
+  such names in a URL's query are shown as ``name=[redacted]`` (:func:`redact_query`), like
+  ``user:password@`` is removed.
 - **Proxies**: ``proxy=`` for every endpoint, else (with ``trust_env``) the environment's
   ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` honouring ``NO_PROXY``, resolved once per
   endpoint (aiohttp's ``trust_env=True`` looks them up on every request).
@@ -31,6 +36,14 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from yarl import URL
 
+from .._redact import (
+    PAIR,
+    USERINFO,
+    is_secret_name,
+    redact_query,
+    redact_query_raw,
+    redact_url,
+)
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -38,7 +51,9 @@ __all__ = [
     "Redactor",
     "check_headers",
     "clean_api_key",
+    "is_secret_name",
     "parse_address",
+    "redact_query",
     "resolve_proxy",
 ]
 
@@ -47,7 +62,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # every C0 control but HTAB,
 _FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade"})
 # Header names whose values are credentials (scrubbed like the API key).
 _CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "cookie", "signature")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
+
+
+def _shown(url: str) -> str:
+    """A URL that could not be parsed, as a message may show it: no userinfo, no secrets."""
+    return redact_url(url.strip())
 
 
 @dataclass(frozen=True)
@@ -55,7 +74,8 @@ class Address:
     """One endpoint's URL, taken apart. ``origin`` is ``scheme://host:port``; ``path`` the base
     path without a trailing slash (``/v1``); ``query`` the base URL's query plus
     ``default_query`` (encoded); ``display`` the URL as shown and stored (no userinfo, no query);
-    ``basic_auth`` the ``Authorization`` value from the URL's userinfo, if any."""
+    ``basic_auth`` the ``Authorization`` value from the URL's userinfo, if any; ``secrets`` the
+    values of its secret-named query parameters (as written and decoded), for the redactor."""
 
     origin: str
     path: str
@@ -63,6 +83,7 @@ class Address:
     display: str
     basic_auth: str | None
     password: str | None
+    secrets: tuple[str, ...] = ()
 
     def url(self, path: str) -> URL:
         """The full URL of ``path`` (relative to the base path, e.g. ``/chat/completions``)."""
@@ -78,11 +99,15 @@ class Address:
 
 def parse_address(url: str, default_query: Mapping[str, str] | None = None) -> Address:
     """Raises ``ConfigurationError`` for anything but an ``http(s)://host`` URL (the message
-    shows the URL without its userinfo)."""
-    parts = urlsplit(url.strip())
+    shows the URL without its userinfo and secret query values)."""
+    try:
+        parts = urlsplit(url.strip())
+        hostname = parts.hostname
+    except ValueError as exc:  # "http://[::1": an unclosed IPv6 bracket
+        raise ConfigurationError(f"not a valid URL: {_shown(url)!r} ({exc})") from None
     hostport = parts.netloc.rpartition("@")[2]
     shown = f"{parts.scheme}://{hostport}{parts.path.rstrip('/')}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not hostname:
         raise ConfigurationError(f"not an http(s) URL: {shown!r}")
     try:
         port = parts.port
@@ -98,13 +123,19 @@ def parse_address(url: str, default_query: Mapping[str, str] | None = None) -> A
         given = {str(k): str(v) for k, v in default_query.items()}
         query = [(k, v) for k, v in query if k not in given] + list(given.items())
     del port  # checked: yarl takes the host and port as written
+    encoded = urlencode(query)
+    # each secret as decoded, as written and as sent (what an upstream would echo)
+    secrets = {v for k, v in query if is_secret_name(k)}
+    for text in (f"?{parts.query}", f"?{encoded}"):
+        secrets |= {m[3] for m in PAIR.finditer(text) if is_secret_name(m[2])}
     return Address(
         origin=f"{parts.scheme}://{hostport}",
         path=parts.path.rstrip("/"),
-        query=urlencode(query),
+        query=encoded,
         display=shown,
         basic_auth=basic,
         password=unquote(parts.password) if parts.password else None,
+        secrets=tuple(sorted(s for s in secrets if s)),
     )
 
 
@@ -202,13 +233,13 @@ class Redactor:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, "[redacted]")
-        return _USERINFO.sub(r"\1", text)
+        return redact_query(USERINFO.sub(r"\1", text))
 
     def raw(self, raw: bytes | bytearray) -> bytes | bytearray:
         for secret in self._raw:
             if secret in raw:
                 raw = raw.replace(secret, b"[redacted]")
-        return raw
+        return redact_query_raw(raw)
 
     def excerpt(self, raw: bytes | bytearray, limit: int = 200) -> str:
         """The start of ``raw`` for a message: scrubbed first (a secret across the cut would

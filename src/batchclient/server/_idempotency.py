@@ -5,24 +5,36 @@ draft-ietf-httpapi-idempotency-key-header, says). Keys are kept 24 hours (as Str
 header OpenAI's SDKs copy).
 
 One small SQLite database per tenant, ``server.sqlite3`` in its state directory, created on the
-first key. The key is stored as its SHA-256 (it is the client's, and may be anything up to 255
-characters); the body as the SHA-256 of its canonical JSON.
+first key (opened and migrated by :mod:`batchclient._state`, schema ``idempotency``). The key is
+stored as its SHA-256 (it is the client's, and may be anything up to 255 characters); the body
+as the SHA-256 of the canonical JSON of the validated request, defaults filled in (the same
+request with and without ``"completion_window": "24h"`` is the same request).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from .._state import Database, Migration, Schema
+
 TTL_S = 24 * 3600.0
 MAX_KEY_LENGTH = 255
 DB_NAME = "server.sqlite3"
+SCHEMA = Schema(
+    "idempotency",
+    (
+        Migration(
+            1,
+            "CREATE TABLE IF NOT EXISTS idempotency(key TEXT PRIMARY KEY, "
+            "body TEXT NOT NULL, batch_id TEXT NOT NULL, created_at REAL NOT NULL)",
+        ),
+    ),
+)
 
 
 class KeyReused(Exception):
@@ -41,19 +53,11 @@ class IdempotencyKeys:
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / DB_NAME
         self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
+        self._db: Database | None = None
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> Database:
         if self._db is None:
-            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600))  # owner-only
-            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS idempotency(key TEXT PRIMARY KEY, "
-                "body TEXT NOT NULL, batch_id TEXT NOT NULL, created_at REAL NOT NULL)"
-            )
-            self._db = db
+            self._db = Database(self._path, [SCHEMA])
         return self._db
 
     def lookup(self, key: str, body: str) -> str | None:
@@ -62,13 +66,9 @@ class IdempotencyKeys:
         with self._lock:
             if self._db is None and not self._path.exists():
                 return None
-            row = (
-                self._conn()
-                .execute(
-                    "SELECT body, batch_id FROM idempotency WHERE key = ? AND created_at > ?",
-                    (_hash(key), time.time() - TTL_S),
-                )
-                .fetchone()
+            row = self._conn().one(
+                "SELECT body, batch_id FROM idempotency WHERE key = ? AND created_at > ?",
+                (_hash(key), time.time() - TTL_S),
             )
         if row is None:
             return None
@@ -78,7 +78,7 @@ class IdempotencyKeys:
 
     def record(self, key: str, body: str, batch_id: str) -> None:
         with self._lock:
-            self._conn().execute(
+            self._conn().write(
                 "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, ?)",
                 (_hash(key), body, batch_id, time.time()),
             )

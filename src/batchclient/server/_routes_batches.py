@@ -1,10 +1,10 @@
-"""``/v1/batches``: create (with ``Idempotency-Key``), retrieve, cancel, list (cursor pages).
-Objects are ``openai.types.Batch``; output and error files are ``/v1/files`` objects with
-purpose ``batch_output``."""
+"""``/v1/batches``: create (with ``Idempotency-Key``), retrieve, cancel, list (cursor pages), and
+``resume`` (a batchclient extension). Objects are ``openai.types.Batch``; output and error files
+are ``/v1/files`` objects with purpose ``batch_output``."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Request
@@ -16,7 +16,8 @@ from ..errors import ConfigurationError, JobNotFoundError
 from ..jobs import parse_window
 from ..types import Batch
 from ._body import read_model
-from ._errors import APIError, found
+from ._errors import APIError, clip, found, redact_paths, state_roots
+from ._fair import check_priority
 from ._idempotency import MAX_KEY_LENGTH, KeyReused, body_digest
 from ._middleware import tenant_of
 from ._routes_files import page
@@ -43,7 +44,7 @@ async def create_batch(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JSONResponse:
     tenant = tenant_of(request)
-    body, params = await read_model(request, BatchCreate)
+    _, params = await read_model(request, BatchCreate)
     client = tenant.client
     served = sorted(e.value for e in client.provider.endpoints)
     if params.endpoint not in served:
@@ -56,16 +57,19 @@ async def create_batch(
         parse_window(params.completion_window)
     except ValueError as exc:
         raise APIError(400, str(exc), param="completion_window") from None
+    check_priority(params.metadata)
     if idempotency_key is None:
         batch = await _create(client, params)
-        return JSONResponse(batch.model_dump(mode="json"))
+        return JSONResponse(public(request, batch))
     if not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise APIError(
             400,
             f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters",
             param="Idempotency-Key",
         )
-    digest = body_digest(body)
+    # the request as understood (defaults filled in), not as spelled: a retry that adds or
+    # drops a defaulted field is the same request
+    digest = body_digest(params.model_dump(mode="json"))
     async with tenant.create_lock:  # a retry racing the first request waits for its batch
         try:
             known = await to_thread.run_sync(tenant.idempotency.lookup, idempotency_key, digest)
@@ -82,7 +86,19 @@ async def create_batch(
         else:
             batch = await _create(client, params)
             await to_thread.run_sync(tenant.idempotency.record, idempotency_key, digest, batch.id)
-    return JSONResponse(batch.model_dump(mode="json"))
+    return JSONResponse(public(request, batch))
+
+
+def public(request: Request, batch: Batch) -> dict[str, Any]:
+    """``batch`` as JSON for its tenant: its errors' messages name no server path (a failed
+    output write or a failing state directory say which file as ``<state>/files/...``)."""
+    data = batch.model_dump(mode="json")
+    errors = (data.get("errors") or {}).get("data") or []
+    roots = state_roots(request)
+    for error in errors:
+        if isinstance(error.get("message"), str):
+            error["message"] = redact_paths(error["message"], roots)
+    return data
 
 
 async def _create(client: BatchClient, params: BatchCreate) -> Batch:
@@ -104,7 +120,7 @@ async def _create(client: BatchClient, params: BatchCreate) -> Batch:
 async def retrieve_batch(request: Request, batch_id: str) -> JSONResponse:
     with found("batch", batch_id, "batch_id"):
         batch = await tenant_of(request).client.batches.retrieve(batch_id)
-    return JSONResponse(batch.model_dump(mode="json"))
+    return JSONResponse(public(request, batch))
 
 
 @router.post("/batches/{batch_id}/cancel")
@@ -113,7 +129,22 @@ async def cancel_batch(request: Request, batch_id: str) -> JSONResponse:
     output file, the rest fail with ``batch_cancelled``. 409 for a finished batch."""
     with found("batch", batch_id, "batch_id"):
         batch = await tenant_of(request).client.batches.cancel(batch_id)
-    return JSONResponse(batch.model_dump(mode="json"))
+    return JSONResponse(public(request, batch))
+
+
+@router.post("/batches/{batch_id}/resume")
+async def resume_batch(request: Request, batch_id: str) -> JSONResponse:
+    """batchclient's extension: take up a batch that failed after validation (its output did
+    not fit, its disk was full or read-only) once the cause is fixed; only lines without a
+    result are sent, then its files are written. 409 for any other batch."""
+    try:
+        with found("batch", batch_id, "batch_id"):
+            batch = await tenant_of(request).client.batches.resume(batch_id)
+    except ConfigurationError:  # it ran on a provider with another identity (not shown)
+        raise APIError(
+            409, f"batch {batch_id!r} ran on another provider than this server's", code="conflict"
+        ) from None
+    return JSONResponse(public(request, batch))  # errors without server paths
 
 
 @router.get("/batches")
@@ -127,5 +158,6 @@ async def list_batches(
     try:
         items = await batches.list(limit=limit + 1, after=after)
     except JobNotFoundError:  # an unknown cursor (or another tenant's)
-        raise APIError(400, f"after: no batch {after!r}", param="after") from None
-    return JSONResponse(page(items[:limit], has_more=len(items) > limit))
+        raise APIError(400, f"after: no batch {clip(after)}", param="after") from None
+    shown = page(items[:limit], has_more=len(items) > limit, dump=lambda b: public(request, b))
+    return JSONResponse(shown)

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 
 from ..types import FileObject
-from ._errors import APIError, found
+from ._errors import APIError, clip, found
 from ._middleware import tenant_of
 from ._upload import receive_upload
 
@@ -67,17 +68,19 @@ async def list_files(
     if after is not None:
         ids = [f.id for f in files]
         if after not in ids:
-            raise APIError(400, f"after: no file {after!r} in this list", param="after")
+            raise APIError(400, f"after: no file {clip(after)} in this list", param="after")
         files = files[ids.index(after) + 1 :]
     return JSONResponse(page(files[:limit], has_more=len(files) > limit))
 
 
-def page(items: list[Any], *, has_more: bool) -> dict[str, Any]:
-    """An OpenAI list object (``SyncCursorPage``): ``data``, ``first_id``, ``last_id``,
-    ``has_more``."""
+def page(
+    items: list[Any], *, has_more: bool, dump: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """An OpenAI list object (``SyncCursorPage``): ``data`` (each item through ``dump``, by
+    default its ``model_dump``), ``first_id``, ``last_id``, ``has_more``."""
     return {
         "object": "list",
-        "data": [item.model_dump(mode="json") for item in items],
+        "data": [dump(item) if dump else item.model_dump(mode="json") for item in items],
         "first_id": items[0].id if items else None,
         "last_id": items[-1].id if items else None,
         "has_more": has_more,

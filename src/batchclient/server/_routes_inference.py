@@ -6,7 +6,9 @@ in-flight limit and rpm/tpm, the engine's window) cover both kinds of traffic.
 A request is checked as a batch line would be (same codes), answered whole (``stream`` is
 refused), and cancelled in the provider when the client hangs up. The provider's answer goes
 back as it came: a ``ChatCompletion`` with its status, or its refusal in OpenAI's envelope;
-a request that got no answer is 502 (connection), 503 (no endpoint), 504 (timeout) or 500.
+a request refused with no HTTP answer of its own (a batch provider's per-request error)
+is 400 (404 for an unknown model); one that got no answer is 502 (connection), 503 (no
+endpoint), 504 (timeout) or 500.
 """
 
 from __future__ import annotations
@@ -18,19 +20,26 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from .._core.lanes import interactive
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result, error_type, failed
 from ..errors import ErrorCode
-from ..jobs._validate import check_request
+from ..jobs import check_request
 from ..types import Endpoint
 from ._body import read_json
-from ._errors import APIError, envelope, error_response
+from ._errors import APIError, clip, envelope, error_response
 from ._middleware import tenant_of
 
 router = APIRouter()
 T = TypeVar("T")
 
 _NO_ANSWER_STATUS = {
+    # a request refused without an HTTP answer of its own (a batch provider's per-request
+    # error, a translation's refusal) is still the client's fault: OpenAI's 400 / 404
+    ErrorCode.invalid_request.value: 400,
+    ErrorCode.context_length_exceeded.value: 400,
+    ErrorCode.unsupported_parameter.value: 400,
+    ErrorCode.model_not_found.value: 404,
     ErrorCode.timeout.value: 504,
     ErrorCode.connection_error.value: 502,
     ErrorCode.bad_upstream_response.value: 502,
@@ -50,7 +59,10 @@ async def list_models(request: Request) -> JSONResponse:
 async def retrieve_model(request: Request, model: str) -> JSONResponse:
     if model not in await tenant_of(request).client.provider.models():
         raise APIError(
-            404, f"The model {model!r} is not served here", param="model", code="model_not_found"
+            404,
+            f"The model {clip(model)} is not served here",
+            param="model",
+            code="model_not_found",
         )
     return JSONResponse(_model(request, model))
 
@@ -87,7 +99,8 @@ async def _one_request(request: Request, endpoint: Endpoint) -> JSONResponse:
 
     async def execute() -> Result:
         try:
-            return await provider.execute(item)
+            with interactive():  # ahead of batch lines at the fair gate
+                return await provider.execute(item)
         except Exception as exc:  # a provider bug: this request's 500, not the server's
             return failed(ErrorCode.internal_error, f"{type(exc).__name__}: {exc}")
 
@@ -111,13 +124,17 @@ def result_response(result: Result) -> JSONResponse:
     if result.error is None and result.status_code is not None and result.body is not None:
         return JSONResponse(result.body, status_code=result.status_code)
     error = result.error
-    upstream = result.body.get("error") if isinstance(result.body, dict) else None
     status = result.status_code
-    if status is not None and status >= 400 and isinstance(upstream, dict):
+    if status is not None and status >= 400 and isinstance(result.body, dict):
+        # the upstream's body as it came (kept as is in results): any shape, made an envelope
+        upstream = result.body.get("error")
+        if not isinstance(upstream, dict):
+            upstream = {"message": error.message if error is not None else f"HTTP {status}"}
         if status in (401, 403):  # the upstream refused *our* key: not the client's fault
             message = f"the upstream refused this server's credentials: {upstream.get('message')}"
             return error_response(502, message, type="server_error", code="upstream_auth")
         fields = {k: upstream.get(k) for k in ("message", "type", "param", "code")}
+        fields["message"] = fields["message"] or (error.message if error else f"HTTP {status}")
         return JSONResponse({"error": fields}, status_code=status)
     code = error.code if error is not None else ErrorCode.internal_error.value
     message = error.message if error is not None else "no answer"

@@ -8,19 +8,26 @@
   "reuse_results_from"}`` -> ``Job``), ``GET /batch-inference/jobs/{job_id}`` (``JobStatus``, a
   JSON string), ``DELETE /batch-inference/jobs/{job_id}`` (cancel; ``null``),
   ``GET /batch-inference/jobs/{job_id}/result`` (``BatchChatCompletionResponse``; 409 until
-  the job is finished).
+  the job is finished), streamed a page at a time (chunked, without ``Content-Length``).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import ConfigurationError, JobStateError
+from ..jobs import parse_window
 from ..types import (
     BatchChatCompletionResponse,
+    JobStatus,
     LogProbConfig,
     ResponseFormat,
     SamplingParams,
@@ -29,7 +36,7 @@ from ..types import (
     ToolPromptFormat,
 )
 from ._body import read_model
-from ._errors import APIError, found
+from ._errors import APIError, clip, found, redact_paths, state_roots
 from ._middleware import tenant_of
 from ._routes_inference import until_disconnect
 
@@ -94,8 +101,21 @@ async def batch_chat_completion(request: Request) -> JSONResponse:
             custom_ids=call.custom_ids,
         )
 
-    response = await until_disconnect(request, run)
+    try:
+        response = await until_disconnect(request, run)
+    except ConfigurationError as exc:  # a whole-call argument: name it, as /v1 routes do
+        raise APIError(400, str(exc), param=_argument(str(exc))) from None
     return JSONResponse(response.model_dump(mode="json"))
+
+
+def _argument(message: str) -> str | None:
+    """The argument a whole-call error is about: its messages begin with the argument's name
+    ("sampling_params has 3 entries ...", "bad response_format: ...")."""
+    head = message.removeprefix("bad ")
+    if head.startswith("tool definition"):
+        return "tools"
+    name = head.split(" ", 1)[0].split(":", 1)[0]
+    return name if name in BatchChatCompletionRequest.model_fields else None
 
 
 @router.post("/jobs")
@@ -103,11 +123,20 @@ async def schedule_batch(request: Request) -> JSONResponse:
     client = tenant_of(request).client
     _, call = await read_model(request, ScheduleBatchRequest)
     options = call.model_dump(exclude={"file_id"}, exclude_none=True)
-    with found("file", call.file_id, "file_id"):
-        if call.reuse_results_from is not None:
-            with found("job", call.reuse_results_from, "reuse_results_from"):
-                await client.batches.retrieve(call.reuse_results_from)
-        job = await client.schedule_batch(call.file_id, **options)
+    try:
+        parse_window(call.completion_window)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="completion_window") from None
+    try:
+        with found("file", call.file_id, "file_id"):
+            if call.reuse_results_from is not None:
+                with found("job", call.reuse_results_from, "reuse_results_from"):
+                    await client.batches.retrieve(call.reuse_results_from)
+            job = await client.schedule_batch(call.file_id, **options)
+    except ConfigurationError as exc:  # metadata limits, a file that is not "batch"
+        message = str(exc)
+        param = "metadata" if message.startswith("metadata") else "file_id"
+        raise APIError(400, message, param=param) from None
     return JSONResponse(job.model_dump(mode="json"))
 
 
@@ -115,7 +144,7 @@ async def schedule_batch(request: Request) -> JSONResponse:
 async def job_status(request: Request, job_id: str) -> JSONResponse:
     status = await tenant_of(request).client.job_status(job_id)
     if status is None:
-        raise APIError(404, f"No such job: {job_id!r}", param="job_id")
+        raise APIError(404, f"No such job: {clip(job_id)}", param="job_id")
     return JSONResponse(status.value)
 
 
@@ -127,7 +156,64 @@ async def job_cancel(request: Request, job_id: str) -> JSONResponse:
 
 
 @router.get("/jobs/{job_id}/result")
-async def job_result(request: Request, job_id: str) -> JSONResponse:
+async def job_result(request: Request, job_id: str) -> StreamingResponse:
+    """The same document as ``JSONResponse(job_result(...))``, streamed page by page: a
+    50,001-line result built whole took seconds of the event loop (every tenant waited) and
+    hundreds of MiB. Each page is read and encoded in a worker thread; errors (404, 409) come
+    before the first byte, from the first page. One worker thread at a time does this work
+    for the whole server: the threads hold the GIL, and several at once starve the event
+    loop (every other request) more than one does."""
+    state = request.app.state
+    if getattr(state, "result_limiter", None) is None:
+        state.result_limiter = CapacityLimiter(1)
+    limiter: CapacityLimiter = state.result_limiter
+    client = tenant_of(request).client
+    pages = client.job_result_pages(job_id, _PAGE, limiter)
     with found("job", job_id, "job_id"):
-        result = await tenant_of(request).client.job_result(job_id)
-    return JSONResponse(result.model_dump(mode="json"))
+        try:
+            first: list[Any] = await anext(pages, [])
+        except JobStateError:
+            status = await client.job_status(job_id)
+            if status not in (JobStatus.scheduled, JobStatus.in_progress):
+                raise  # a job that failed in validation: its own message says why
+            raise APIError(
+                409,
+                f"job {job_id} is {status.value}: its result is ready once GET "
+                f"/batch-inference/jobs/{job_id} answers completed, failed or cancelled",
+                param="job_id",
+                code="conflict",
+            ) from None
+    roots = state_roots(request)
+    document = _document(first, pages, limiter, roots)
+    return StreamingResponse(document, media_type="application/json")
+
+
+_PAGE = 500  # items per page: a few ms of encoding, so other requests wait at most that long
+
+
+async def _document(
+    first: list[Any],
+    pages: AsyncIterator[list[Any]],
+    limiter: CapacityLimiter,
+    roots: list[Path],
+) -> AsyncIterator[bytes]:
+    yield b'{"batch":['
+    yield await to_thread.run_sync(_encode, first, True, roots, limiter=limiter)
+    async for page in pages:
+        yield await to_thread.run_sync(_encode, page, False, roots, limiter=limiter)
+    yield b"]}"
+
+
+def _encode(items: list[Any], first: bool, roots: list[Path]) -> bytes:
+    """Items as JSONResponse encodes them (compact, UTF-8, no NaN), comma-separated; a leading
+    comma unless they are the first (or there are none). An item's error message names no
+    server path (a failed batch's stored error may: ``output_write_failed``)."""
+    dumped = [i.model_dump(mode="json") for i in items]
+    for item in dumped:
+        error = item.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            error["message"] = redact_paths(error["message"], roots)
+    text = ",".join(
+        json.dumps(d, ensure_ascii=False, allow_nan=False, separators=(",", ":")) for d in dumped
+    )
+    return (text if first or not text else "," + text).encode()

@@ -10,8 +10,9 @@
 
 Every tenant is a :class:`~batchclient.BatchClient` of its own (its files, its batches, its
 SQLite database) over the one provider, which is started once: the tenants' clients see it
-through :class:`SharedProvider`, whose ``start`` and ``stop`` do nothing. All tenants are opened
-at start-up, so batches left unfinished by a crash resume at once, whoever owns them.
+through :class:`SharedProvider`, whose ``start`` and ``stop`` do nothing and whose ``execute``
+waits its turn at the server's fair gate (:mod:`._fair`). All tenants are opened at start-up, so
+batches left unfinished by a crash resume at once, whoever owns them.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import anyio
 
 from .._core.client import BatchClient
-from .._core.provider import Provider
+from .._core.lanes import current_lane
+from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
 from ..errors import ConfigurationError
 from ..jobs import default_state_dir
+from ._fair import FairGate, provider_capacity
 from ._idempotency import IdempotencyKeys
 
 DEFAULT_TENANT = "default"
@@ -58,31 +61,40 @@ def check_key(key: str) -> None:
         )
 
 
-class SharedProvider(Provider):
+class SharedProvider(DelegatingProvider):
     """A provider started and stopped by someone else (the server), shared by many clients:
-    every call but ``start`` / ``stop`` goes to ``inner``."""
+    every member but ``start`` and ``stop`` (which do nothing), ``execute`` and ``window`` goes to
+    ``inner``, so the tenants' result caches are keyed by ``inner``'s ``cache_identity`` and
+    their scoring calls use ``inner``'s tokenizer. ``execute`` waits for a slot of ``gate``
+    (the server's :class:`~._fair.FairGate`, one for all tenants) in ``tenant``'s name, then
+    runs on ``inner``; without a gate it goes straight to ``inner``."""
 
-    def __init__(self, inner: Provider) -> None:
-        self.inner = inner
-        self.endpoints = inner.endpoints  # type: ignore[misc]  # a ClassVar on Provider
+    def __init__(
+        self, inner: Provider, gate: FairGate | None = None, tenant: str = "default"
+    ) -> None:
+        super().__init__(inner)
+        self.gate = gate
+        self.tenant = tenant
 
-    async def execute(self, request: Request) -> Result:
-        return await self.inner.execute(request)
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
 
     def window(self) -> int:
-        return self.inner.window()
+        """Twice ``inner``'s behind a gate: a batch keeps requests waiting at the gate while its
+        others are in flight, so a slot one of them frees can go to its next line rather than
+        to a lower-priority batch (with a window of exactly the capacity, a batch holding every
+        slot has nothing waiting). Waiting requests have not been sent: a crash still re-sends
+        at most the capacity."""
+        return self.inner.window() * (1 if self.gate is None else 2)
 
-    async def check_model(self, model: str) -> None:
-        await self.inner.check_model(model)
-
-    async def models(self) -> list[str]:
-        return await self.inner.models()
-
-    def identity(self) -> dict[str, Any]:
-        return self.inner.identity()
-
-    def concurrency_limit(self) -> int | None:
-        return self.inner.concurrency_limit()
+    async def execute(self, request: Request) -> Result:
+        if self.gate is None:
+            return await self.inner.execute(request)
+        async with self.gate.slot(self.tenant, current_lane()):
+            return await self.inner.execute(request)
 
 
 @dataclass(eq=False)
@@ -94,6 +106,19 @@ class Tenant:
     client: BatchClient
     idempotency: IdempotencyKeys
     create_lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+def private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parent ``0700`` (a plain ``mkdir(parents=True)`` makes
+    the parents ``0755``: readable by every user). Folders that exist keep their mode."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask
 
 
 class Tenants:
@@ -131,22 +156,30 @@ class Tenants:
         self.state_dir = base
         self._keyed: list[tuple[bytes, Tenant]] = []
         self.tenants: list[Tenant] = []
-        shared = SharedProvider(self.provider)
+        provider = self.provider
+        self.gate = FairGate(lambda: provider_capacity(provider))
         if not api_keys:
             if isinstance(target, BatchClient) and base == target.state_dir:
-                default = target  # the client is the one tenant
+                default = target  # the client is the one tenant (its requests skip the gate)
             else:
+                shared = SharedProvider(provider, self.gate, DEFAULT_TENANT)
                 default = BatchClient(shared, state_dir=base, cache=cache)
             self.tenants.append(Tenant(DEFAULT_TENANT, default, IdempotencyKeys(base)))
         for key in dict.fromkeys(api_keys):  # a key given twice is one tenant
             check_key(key)
             tid = tenant_id(key)
             directory = base / "tenants" / tid
+            shared = SharedProvider(provider, self.gate, tid)
             client = BatchClient(shared, state_dir=directory, cache=cache)
             tenant = Tenant(tid, client, IdempotencyKeys(directory))
             self.tenants.append(tenant)
             self._keyed.append((hashlib.sha256(key.encode()).digest(), tenant))
         self._stack: AsyncExitStack | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether clients must send a key (keys were configured)."""
+        return bool(self._keyed)
 
     def authenticate(self, authorization: bytes | None) -> Tenant | None:
         """The tenant of an ``Authorization`` header value (``Bearer <key>``), or None. Without
@@ -167,6 +200,10 @@ class Tenants:
         return match
 
     async def __aenter__(self) -> Self:
+        private_dirs(self.state_dir)
+        if self._keyed:
+            private_dirs(self.state_dir / "tenants")
+            os.chmod(self.state_dir / "tenants", 0o700)  # the server's own, whoever made it
         stack = AsyncExitStack()
         try:
             target = self.target

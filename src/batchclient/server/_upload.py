@@ -4,10 +4,14 @@ written straight into the state directory, so memory stays flat whatever the fil
 The request body is read with ``request.stream()`` (uvicorn stops reading the socket while the
 app has not taken what it got) and fed to python-multipart's streaming parser; the file part's
 bytes are gathered up to 1 MiB and written from a worker thread into a
-:class:`~batchclient.jobs.StagedFile`. The other fields (``purpose``) are small and kept; a field
-over 64 KiB, a second file, a file over the size cap, a body that is not multipart or ends
-before its closing boundary are refused (400, or 413 for the size) and the staged bytes are
-deleted. The file name is metadata only: the stored file is named by its id.
+:class:`~batchclient.jobs.StagedFile`. The other fields (``purpose``) are small and kept.
+Everything held in memory is bounded whatever the framing (``Content-Length`` or chunked):
+at most :data:`MAX_FIELDS` other fields of :data:`FIELDS_LIMIT` bytes in all, part headers of
+:data:`HEADERS_LIMIT` bytes each, and the whole body at most the file's cap plus
+:data:`OVERHEAD` bytes. A second file, a file over the size cap, a body over these bounds,
+one that is not multipart or ends before its closing boundary are refused (400, or 413 for a
+size) and the staged bytes are deleted. The file name is metadata only: the stored file is
+named by its id.
 """
 
 from __future__ import annotations
@@ -26,11 +30,16 @@ from ._errors import APIError
 if TYPE_CHECKING:  # python-multipart declares its callback types for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
-FIELD_LIMIT = 64 * 1024
-"""Longest accepted non-file field, in bytes."""
+FIELDS_LIMIT = 64 * 1024
+"""Bytes of all the non-file fields together."""
+MAX_FIELDS = 16
+"""Most non-file fields (parts) in one upload."""
+HEADERS_LIMIT = 8 * 1024
+"""Bytes of one part's headers."""
+OVERHEAD = 256 * 1024
+"""Bytes of a body beyond the file's own: framing, part headers and fields."""
 FILENAME_LIMIT = 255
 _WRITE_BYTES = 1 << 20
-_OVERHEAD = 64 * 1024  # multipart framing and small fields, on top of the file itself
 
 
 @dataclass
@@ -54,15 +63,19 @@ async def receive_upload(request: Request, staged: StagedFile, max_bytes: int) -
             400, "the body must be multipart/form-data with a 'file' part and a 'purpose' field"
         )
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes + _OVERHEAD:
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes + OVERHEAD:
         raise _too_large(max_bytes)
     receiver = _Receiver(staged, max_bytes)
     try:
         parser = MultipartParser(boundary, receiver.callbacks())
     except (FormParserError, ValueError) as exc:
         raise APIError(400, f"malformed multipart boundary: {exc}") from None
+    received = 0
     try:
         async for chunk in request.stream():
+            received += len(chunk)
+            if received > max_bytes + OVERHEAD:  # chunked bodies declare no length
+                raise _too_large(max_bytes)
             try:
                 parser.write(chunk)
             except FormParserError as exc:
@@ -104,6 +117,9 @@ class _Receiver:
         self._in_file = False
         self._name = ""
         self._value = bytearray()
+        self._header_bytes = 0
+        self._fields = 0
+        self._field_bytes = 0
 
     def callbacks(self) -> MultipartCallbacks:
         return {
@@ -121,12 +137,20 @@ class _Receiver:
         self._disposition = None
         self._in_file = False
         self._value = bytearray()
+        self._header_bytes = 0
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_name += data[start:end]
 
     def _header_val(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_value += data[start:end]
+
+    def _count_header(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > HEADERS_LIMIT:
+            raise APIError(400, f"a part's headers are over {HEADERS_LIMIT} bytes")
 
     def _header_end(self) -> None:
         if bytes(self._header_name).lower() == b"content-disposition":
@@ -145,6 +169,10 @@ class _Receiver:
             # metadata only, never a path; printable and bounded so listings stay readable
             name = "".join(c for c in raw if c.isprintable())[:FILENAME_LIMIT]
             self.upload.filename = name or "upload"
+            return
+        self._fields += 1
+        if self._fields > MAX_FIELDS:
+            raise APIError(400, f"the upload has more than {MAX_FIELDS} fields besides 'file'")
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._in_file:
@@ -154,9 +182,15 @@ class _Receiver:
             self.pending.append(bytes(data[start:end]))
             self.pending_bytes += end - start
             return
+        self._field_bytes += end - start
+        if self._field_bytes > FIELDS_LIMIT:
+            raise APIError(
+                413,
+                f"the fields besides 'file' are over {FIELDS_LIMIT} bytes in all",
+                param=self._name[:64],
+                code="request_too_large",
+            )
         self._value += data[start:end]
-        if len(self._value) > FIELD_LIMIT:
-            raise APIError(400, f"field {self._name[:64]!r} is over {FIELD_LIMIT} bytes")
 
     def _part_end(self) -> None:
         if not self._in_file and self._name:

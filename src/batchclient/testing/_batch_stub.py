@@ -6,6 +6,12 @@ validation failures naming lines, HTTP errors on lines, batches that expire part
 partial output, lines missing from a completed batch's output, 5xx / 429 (with ``Retry-After``)
 on polling, and creates whose answer is lost after the batch was created. Formats follow the
 OpenAI Batch API reference (Batch object, output / error lines).
+
+``flavor="together" | "groq" | "mistral"`` speaks that provider's variant instead (what its
+reference documents; ``docs/batch-api.md``): Together's upper-case statuses, ISO-8601
+timestamps, ``batch-api`` file purpose, ``{"job": ...}`` create answer and unpaged array list;
+Groq's 24 h to 7 d windows; Mistral's ``/v1/batch/jobs`` with its own job states, field names
+and numbered pages. Batches are kept in OpenAI's shape inside and rendered per flavour.
 """
 
 from __future__ import annotations
@@ -14,15 +20,16 @@ import asyncio
 import json
 import secrets
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from ._loopback import LoopbackApp
 from ._stub import StubReply, _text_of, completion_body
 
 __all__ = ["BatchAPIStub", "BatchStubStats"]
@@ -50,9 +57,10 @@ class _Batch:
     lines: list[dict[str, Any]]
     bytes_in: int = 0
     cancel: bool = False
+    order: int = 0  # creation order: batches made within one second still list newest first
 
 
-class BatchAPIStub:
+class BatchAPIStub(LoopbackApp):
     """The Batch API stub on ``127.0.0.1`` in a background thread (``with`` or ``start()`` /
     ``stop()``); ``url`` ends in ``/v1``.
 
@@ -70,7 +78,13 @@ class BatchAPIStub:
         lose_creates: the first N ``POST /batches`` create the batch, then answer 502.
         models: model names listed by ``GET /v1/models``.
         api_key: when set, every call needs ``Authorization: Bearer <api_key>`` (else 401).
+        flavor: ``"openai"`` (default), ``"together"``, ``"groq"`` or ``"mistral"``.
+        page_cap: the most batches one page of the batch list holds, whatever was asked.
+        odd_status: a status word no reference lists, reported instead of the running state
+            by the first ``odd_polls`` polls of each batch.
     """
+
+    _name = "batch-stub"
 
     def __init__(
         self,
@@ -84,7 +98,20 @@ class BatchAPIStub:
         lose_creates: int = 0,
         models: tuple[str, ...] = ("smollm2",),
         api_key: str | None = None,
+        flavor: str = "openai",
+        page_cap: int | None = None,
+        odd_status: str | None = None,
+        odd_polls: int = 0,
     ) -> None:
+        super().__init__()
+        if flavor not in ("openai", "together", "groq", "mistral"):
+            raise ValueError(f"unknown flavor {flavor!r}")
+        self.flavor = flavor
+        self.page_cap = page_cap
+        self.odd_status = odd_status
+        self.odd_polls = odd_polls
+        self.created: list[dict[str, Any]] = []
+        """Every create request body, in arrival order."""
         self.line_delay_s = line_delay_s
         self.refuse_match = refuse_match
         self.error_match = error_match
@@ -103,12 +130,6 @@ class BatchAPIStub:
         self.batches: dict[str, _Batch] = {}
         self.files: dict[str, dict[str, Any]] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="batch-stub-"))
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopped: asyncio.Event | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.port = 0
 
     @property
     def url(self) -> str:
@@ -120,10 +141,11 @@ class BatchAPIStub:
         app = web.Application(middlewares=[self._auth])
         app.router.add_post("/v1/files", self._upload)
         app.router.add_get("/v1/files/{id}/content", self._content)
-        app.router.add_post("/v1/batches", self._create)
-        app.router.add_get("/v1/batches", self._list)
-        app.router.add_get("/v1/batches/{id}", self._retrieve)
-        app.router.add_post("/v1/batches/{id}/cancel", self._cancel)
+        root = "/v1/batch/jobs" if self.flavor == "mistral" else "/v1/batches"
+        app.router.add_post(root, self._create)
+        app.router.add_get(root, self._list)
+        app.router.add_get(root + "/{id}", self._retrieve)
+        app.router.add_post(root + "/{id}/cancel", self._cancel)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -155,8 +177,9 @@ class BatchAPIStub:
                     while chunk := await part.read_chunk():  # type: ignore[union-attr]
                         out.write(chunk)
                         size += len(chunk)
-        if purpose != "batch" or not path.exists():
-            return _error(400, "need purpose=batch and a file", "invalid_request")
+        want = "batch-api" if self.flavor == "together" else "batch"
+        if purpose != want or not path.exists():
+            return _error(400, f"need purpose={want} and a file", "invalid_request")
         record = {
             "id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
             "filename": name, "purpose": "batch", "status": "processed",
@@ -176,7 +199,15 @@ class BatchAPIStub:
         self.stats.creates += 1
         self.calls.append("create")
         body = await request.json()
-        file_id = body.get("input_file_id")
+        self.created.append(body)
+        refused = self._refuse_create(body)
+        if refused is not None:
+            return _error(400, refused, "invalid_request")
+        if self.flavor == "mistral":
+            file_id = (body.get("input_files") or [None])[0]
+            body["completion_window"] = f"{body.get('timeout_hours', 24)}h"
+        else:
+            file_id = body.get("input_file_id")
         if file_id not in self.files:
             return _error(400, f"no file {file_id}", "invalid_request")
         raw = (self._dir / file_id).read_bytes()
@@ -192,26 +223,80 @@ class BatchAPIStub:
             "expires_at": now + 86400, "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": body.get("metadata"),
         }  # fmt: skip
-        self.batches[batch_id] = _Batch(data, lines, bytes_in=len(raw))
+        self.batches[batch_id] = _Batch(data, lines, bytes_in=len(raw), order=len(self.batches))
         task = asyncio.get_running_loop().create_task(self._process(self.batches[batch_id]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(502, "bad gateway (the batch was created)", "server_error")
-        return web.json_response(data)
+        shown = self._render(data)
+        return web.json_response(
+            {"job": shown, "warning": None} if self.flavor == "together" else shown
+        )
+
+    def _refuse_create(self, body: dict[str, Any]) -> str | None:
+        """What the flavour's create refuses in ``body`` (None: nothing)."""
+        if self.flavor == "mistral":
+            hours = body.get("timeout_hours", 24)
+            if not body.get("model") or not isinstance(hours, int) or not 1 <= hours <= 168:
+                return "need a model and timeout_hours from 1 to 168"
+            return None
+        window = body.get("completion_window")
+        if self.flavor == "groq":
+            units = {"h": 3600, "d": 86400}
+            try:
+                text = str(window)
+                seconds = float(text[:-1]) * units[text[-1]]
+            except (TypeError, ValueError, KeyError, IndexError):
+                return f"completion_window {window!r} is not a duration"
+            return None if 86400 <= seconds <= 7 * 86400 else "completion_window: 24h to 7d"
+        if self.flavor == "together" and "metadata" in body:
+            return "unknown field metadata"
+        return None
+
+    def _render(self, data: dict[str, Any], *, poll: bool = False) -> dict[str, Any]:
+        """A batch (kept in OpenAI's shape) as the flavour shows it."""
+        status = data["status"]
+        if poll and self.odd_status and status in ("validating", "in_progress"):
+            seen = data.setdefault("_polls", 0)
+            data["_polls"] = seen + 1
+            if seen < self.odd_polls:
+                status = self.odd_status
+        shown = {k: v for k, v in data.items() if not k.startswith("_")}
+        shown["status"] = status
+        if self.flavor == "together":
+            return _together(shown)
+        if self.flavor == "mistral":
+            return _mistral(shown)
+        return shown
 
     async def _list(self, request: web.Request) -> web.Response:
         self.stats.lists += 1
         self.calls.append("list")
+        ordered = sorted(
+            self.batches.values(), key=lambda b: (b.data["created_at"], b.order), reverse=True
+        )
+        if self.flavor == "together":  # the whole list, as a bare array
+            return web.json_response([self._render(b.data) for b in ordered])
+        if self.flavor == "mistral":
+            size = int(request.query.get("page_size", "100"))
+            size = min(size, self.page_cap or size)
+            number = int(request.query.get("page", "0"))
+            chunk = ordered[number * size : (number + 1) * size]
+            data = [self._render(b.data) for b in chunk]
+            return web.json_response({"object": "list", "data": data, "total": len(ordered)})
         limit = int(request.query.get("limit", "20"))
-        ordered = sorted(self.batches.values(), key=lambda b: b.data["created_at"], reverse=True)
+        limit = min(limit, self.page_cap or limit)
         ids = [b.data["id"] for b in ordered]
         after = request.query.get("after")
         start = ids.index(after) + 1 if after in ids else 0
-        page = [b.data for b in ordered[start : start + limit]]
+        page = [self._render(b.data) for b in ordered[start : start + limit]]
         more = start + limit < len(ids)
-        return web.json_response({"object": "list", "data": page, "has_more": more})
+        last = page[-1]["id"] if page else None
+        return web.json_response(
+            {"object": "list", "data": page, "has_more": more, "last_id": last}
+        )
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         self.stats.polls += 1
@@ -224,7 +309,7 @@ class BatchAPIStub:
         batch = self.batches.get(request.match_info["id"])
         if batch is None:
             return _error(404, "no such batch", "not_found")
-        return web.json_response(batch.data)
+        return web.json_response(self._render(batch.data, poll=True))
 
     async def _cancel(self, request: web.Request) -> web.Response:
         self.stats.cancels += 1
@@ -237,7 +322,7 @@ class BatchAPIStub:
         batch.cancel = True
         batch.data["status"] = "cancelling"
         batch.data["cancelling_at"] = int(time.time())
-        return web.json_response(batch.data)
+        return web.json_response(self._render(batch.data))
 
     # ------------------------------------------------------------------ running a batch
 
@@ -297,50 +382,10 @@ class BatchAPIStub:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> BatchAPIStub:
-        self._thread = threading.Thread(target=self._run, name="batch-stub", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("Batch API stub did not start within 10 s")
-        return self
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        loop.run_until_complete(self._serve())
-        loop.close()
-
-    async def _serve(self) -> None:
-        self._stopped = asyncio.Event()
-        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        self._ready.set()
-        try:
-            await self._stopped.wait()
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await runner.cleanup()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join(10)
+    def _cleanup(self) -> None:
         for path in self._dir.glob("*"):
             path.unlink(missing_ok=True)
         self._dir.rmdir()
-
-    def __enter__(self) -> BatchAPIStub:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _line(
@@ -354,6 +399,56 @@ def _line(
         "response": response,
         "error": error,
     }
+
+
+_MISTRAL_STATES = {
+    "validating": "QUEUED", "in_progress": "RUNNING", "finalizing": "RUNNING",
+    "completed": "SUCCESS", "failed": "FAILED", "expired": "TIMEOUT_EXCEEDED",
+    "cancelling": "CANCELLATION_REQUESTED", "cancelled": "CANCELLED",
+}  # fmt: skip
+
+
+def _iso(value: Any) -> Any:
+    if not isinstance(value, int):
+        return value
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _together(data: dict[str, Any]) -> dict[str, Any]:
+    """A batch as Together's ``BatchJob``: upper-case status, ISO-8601 times, ``progress``."""
+    counts = data.get("request_counts") or {}
+    total = counts.get("total") or 0
+    done = (counts.get("completed") or 0) + (counts.get("failed") or 0)
+    status = data["status"]
+    errors = (data.get("errors") or {}).get("data") or []
+    return {
+        "id": data["id"], "user_id": "user_stub", "input_file_id": data["input_file_id"],
+        "status": "IN_PROGRESS" if status == "finalizing" else status.upper(),
+        "job_deadline": _iso(data.get("expires_at")), "created_at": _iso(data.get("created_at")),
+        "completed_at": _iso(data.get("completed_at")), "endpoint": data.get("endpoint"),
+        "progress": 100.0 * done / total if total else 0.0, "model_id": None,
+        "output_file_id": data.get("output_file_id"), "error_file_id": data.get("error_file_id"),
+        "error": "; ".join(str(e.get("message")) for e in errors) or None,
+    }  # fmt: skip
+
+
+def _mistral(data: dict[str, Any]) -> dict[str, Any]:
+    """A batch as Mistral's ``BatchJobOut``."""
+    counts = data.get("request_counts") or {}
+    errors = (data.get("errors") or {}).get("data") or []
+    status = data["status"]
+    return {
+        "id": data["id"], "object": "batch", "input_files": [data["input_file_id"]],
+        "metadata": data.get("metadata"), "endpoint": data.get("endpoint"), "model": None,
+        "output_file": data.get("output_file_id"), "error_file": data.get("error_file_id"),
+        "errors": [{"message": str(e.get("message")), "count": 1} for e in errors],
+        "status": _MISTRAL_STATES.get(status, status), "created_at": data.get("created_at"),
+        "total_requests": counts.get("total", 0),
+        "completed_requests": counts.get("completed", 0) + counts.get("failed", 0),
+        "succeeded_requests": counts.get("completed", 0),
+        "failed_requests": counts.get("failed", 0),
+        "started_at": data.get("in_progress_at"), "completed_at": data.get(f"{status}_at"),
+    }  # fmt: skip
 
 
 def _error(status: int, message: str, code: str) -> web.Response:

@@ -15,8 +15,10 @@ import asyncio
 import json
 from typing import Any
 
+from ..types import Endpoint
 from ._stub import StubStats, _retry_after_value, completion_body
 
+_CHAT = Endpoint.chat_completions.value.encode()
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 429: b"Too Many Requests"}
 
 
@@ -53,7 +55,7 @@ class FastStub:
             return self.models_response, False
         if method == b"GET" and path.startswith(b"/stats"):
             return _response(200, json.dumps(self.stats.summary()).encode()), False
-        if method != b"POST" or not path.startswith(b"/v1/chat/completions"):
+        if method != b"POST" or not path.startswith(_CHAT):
             return _response(404, b'{"error": {"message": "no such route"}}'), False
         stats = self.stats
         stats.requests += 1

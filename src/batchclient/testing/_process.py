@@ -10,6 +10,10 @@ Options (seconds for times):
   --latency S, --jitter S   time to answer each request (+ uniform jitter)
   --capacity N              answer 429 to requests arriving while N are in flight
   --capacity-retry-after V  Retry-After on those 429s: seconds, or ``date:S`` (an HTTP date)
+  --capacity-status S       answer S (429 or 503) above the capacity (default 429)
+  --reject-after-work       refuse above the capacity only after --latency (an overloaded
+                            backend behind a queue) instead of at once
+  --capacity-at T:N         the capacity is N from T seconds after the start on (repeatable)
   --burst STATUS:START:DURATION[:RETRY_AFTER]
                             answer STATUS to every request arriving in that window (repeatable)
   --quota N:PERIOD          at most N requests per PERIOD-second window (a quota gateway: 429
@@ -17,6 +21,8 @@ Options (seconds for times):
   --token-quota N:PERIOD    the same for tokens (prompt words + max_tokens)
   --no-quota-headers        enforce the quotas without announcing them
   --quota-retry-after       add Retry-After (seconds to the window's end) to the quota's 429s
+  --quota-style STYLE       how the quota is announced: openai (default), seconds, epoch,
+                            azure, generic (``StubServer``'s ``quota_style``)
   --fast                    the lean asyncio responder (latency and capacity only; for the
                             client-headroom benchmark, where aiohttp.web would be the bottleneck)
   --cpu N                   pin the process to CPU core N
@@ -39,7 +45,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from ._stub import Fault, StubReply, StubServer
+from ._stub import QUOTA_STYLES, Fault, StubReply, StubServer
 
 __all__ = ["StubProcess", "main"]
 
@@ -65,6 +71,14 @@ def _quota(spec: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError("--quota is N:PERIOD (requests per seconds)") from None
 
 
+def _capacity_at(spec: str) -> tuple[float, int]:
+    after, _, capacity = spec.partition(":")
+    try:
+        return float(after), int(capacity)
+    except ValueError:
+        raise argparse.ArgumentTypeError("--capacity-at is T:N (seconds:requests)") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batchclient.testing")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,11 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     stub.add_argument("--jitter", type=float, default=0.0)
     stub.add_argument("--capacity", type=int, default=None)
     stub.add_argument("--capacity-retry-after", default=None)
+    stub.add_argument("--capacity-status", type=int, default=429)
+    stub.add_argument("--reject-after-work", action="store_true")
+    stub.add_argument("--capacity-at", type=_capacity_at, action="append", default=[])
     stub.add_argument("--burst", type=_burst, action="append", default=[])
     stub.add_argument("--quota", type=_quota, default=None)
     stub.add_argument("--token-quota", type=_quota, default=None)
     stub.add_argument("--no-quota-headers", action="store_true")
     stub.add_argument("--quota-retry-after", action="store_true")
+    stub.add_argument("--quota-style", choices=QUOTA_STYLES, default="openai")
     stub.add_argument("--fast", action="store_true")
     stub.add_argument("--cpu", type=int, default=None)
     stub.add_argument("--uvloop", action="store_true")
@@ -107,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     if args.fast:
-        if args.burst or args.jitter or args.quota or args.token_quota:
+        unsupported = args.reject_after_work or args.capacity_at or args.capacity_status != 429
+        if args.burst or args.jitter or args.quota or args.token_quota or unsupported:
             raise SystemExit("--fast supports only --latency and --capacity")
         asyncio.run(_run_fast(args, done))
         return
@@ -116,11 +135,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         jitter_s=args.jitter,
         capacity=args.capacity,
         capacity_retry_after=args.capacity_retry_after,
+        capacity_status=args.capacity_status,
+        reject_after_work=args.reject_after_work,
+        capacity_schedule=list(args.capacity_at),
         faults=list(args.burst),
         quota=args.quota,
         token_quota=args.token_quota,
         quota_headers=not args.no_quota_headers,
         quota_retry_after=args.quota_retry_after,
+        quota_style=args.quota_style,
         port=args.port,
     )
     with server:

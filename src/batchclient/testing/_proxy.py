@@ -16,6 +16,8 @@ from collections import Counter
 import aiohttp
 from aiohttp import web
 
+from ..types import Endpoint
+
 __all__ = ["CountingProxy"]
 
 
@@ -76,8 +78,8 @@ class CountingProxy:
         self._stopped = asyncio.Event()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
-            app.router.add_post(path, self._forward)
+        for endpoint in Endpoint:
+            app.router.add_post(endpoint.value, self._forward)
         app.router.add_get("/v1/models", self._models)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, handler_cancellation=True

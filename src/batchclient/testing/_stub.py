@@ -1,8 +1,10 @@
 """A fault-injecting OpenAI-compatible stub server on loopback (re-exported by ``testing``).
 
 A real HTTP server (aiohttp.web) so that clients are exercised over real sockets and real
-timing: latency, a capacity above which it answers 429, a per-window quota announced in OpenAI's
-``x-ratelimit-*`` headers (a quota gateway), ``Retry-After`` in seconds or as an HTTP date, 5xx
+timing: latency, a capacity above which it answers 429 or 503 (on arrival, like a gateway, or
+after working as long as a success takes, like an overloaded backend behind a queue; the capacity
+may change mid-run), a per-window quota announced in the ``x-ratelimit-*`` headers of OpenAI,
+Azure or a generic gateway (a quota gateway), ``Retry-After`` in seconds or as an HTTP date, 5xx
 bursts, connection resets, malformed bodies and slow bodies. Faults are chosen per
 request by :class:`Fault` rules (matched on the text of the request's messages and the attempt
 number of that exact request) or by a ``handler`` callable for anything else.
@@ -35,9 +37,30 @@ from typing import Any
 
 from aiohttp import web
 
+from ..types import Endpoint
 from ._stub_answers import embedding_body, text_completion_body
 
-__all__ = ["Fault", "Quota", "StubReply", "StubServer", "StubStats", "openai_duration"]
+__all__ = [
+    "QUOTA_STYLES",
+    "Fault",
+    "Quota",
+    "StubReply",
+    "StubServer",
+    "StubStats",
+    "openai_duration",
+]
+
+# How a quota is announced (``StubServer(quota_style=...)``):
+# - ``openai``: ``x-ratelimit-limit/remaining/reset-requests`` (and ``-tokens``), the reset as a
+#   Go duration (``230ms``, ``1.5s``, ``6m0s``);
+# - ``seconds``: the same, the reset as plain seconds (``0.23``);
+# - ``epoch``: the same, the reset as the epoch second when the window ends (``1767225600``),
+#   windows on the wall clock;
+# - ``azure``: only ``x-ratelimit-remaining-requests`` / ``-tokens``, no limit, no reset; its
+#   429s carry ``retry-after-ms`` (and ``Retry-After`` in whole seconds when asked);
+# - ``generic``: unsuffixed ``x-ratelimit-limit`` / ``-remaining`` / ``-reset`` (seconds), as
+#   API gateways (Kong, Envoy, nginx modules) in front of vLLM send them, for requests only.
+QUOTA_STYLES = ("openai", "seconds", "epoch", "azure", "generic")
 
 
 @dataclass
@@ -139,11 +162,29 @@ class Quota:
         """Seconds until the current window ends."""
         return (int(elapsed_s // self.period_s) + 1) * self.period_s - elapsed_s
 
-    def headers(self, suffix: str, elapsed_s: float) -> dict[str, str]:
+    def headers(self, suffix: str, elapsed_s: float, style: str = "openai") -> dict[str, str]:
+        remaining = str(max(0, self.limit - self.used))
+        reset_in = self.reset_in(elapsed_s)
+        if style == "azure":
+            return {f"x-ratelimit-remaining-{suffix}": remaining}
+        if style == "generic":
+            if suffix != "requests":
+                return {}
+            return {
+                "x-ratelimit-limit": str(self.limit),
+                "x-ratelimit-remaining": remaining,
+                "x-ratelimit-reset": f"{reset_in:.3f}",
+            }
+        if style == "epoch":  # windows on the wall clock (see _take_quota): whole seconds
+            reset = f"{(int(elapsed_s // self.period_s) + 1) * self.period_s:.0f}"
+        elif style == "seconds":
+            reset = f"{reset_in:.3f}"
+        else:
+            reset = openai_duration(reset_in)
         return {
             f"x-ratelimit-limit-{suffix}": str(self.limit),
-            f"x-ratelimit-remaining-{suffix}": str(max(0, self.limit - self.used)),
-            f"x-ratelimit-reset-{suffix}": openai_duration(self.reset_in(elapsed_s)),
+            f"x-ratelimit-remaining-{suffix}": remaining,
+            f"x-ratelimit-reset-{suffix}": reset,
         }
 
 
@@ -205,8 +246,15 @@ class StubServer:
 
     Args:
         latency_s: time to answer each request, in seconds (plus ``jitter_s`` uniform).
-        capacity: answer 429 (with ``capacity_retry_after`` if set) to requests arriving while
-            this many are already in flight; None = unlimited.
+        capacity: answer ``capacity_status`` (429 or 503; with ``capacity_retry_after`` if set:
+            seconds, or ``"date:<seconds>"`` for an HTTP date) to requests arriving while this
+            many are being served; None = unlimited. Refused requests are not served, so they do
+            not count toward it.
+        reject_after_work: refuse only after ``latency_s`` (an overloaded backend behind a
+            queue, which works on a request, or queues it, before giving up) instead of at once
+            (a gateway counting connections).
+        capacity_schedule: ``[(after_s, capacity), ...]``: the capacity from ``after_s`` seconds
+            after the start on (``capacity`` before the first), e.g. ``[(10, 48), (20, 12)]``.
         faults: :class:`Fault` rules, first match wins.
         handler: ``(body, attempt) -> StubReply | None`` consulted before the rules.
         models: model names served (``GET /v1/models``); other models get 404.
@@ -216,8 +264,9 @@ class StubServer:
         quota, token_quota: ``(limit, period_s)``: at most ``limit`` requests (tokens: prompt
             words plus ``max_tokens``) per window of ``period_s`` seconds; a request over it
             gets 429. Every answer announces the quota in OpenAI's ``x-ratelimit-*`` headers
-            unless ``quota_headers`` is False; ``quota_retry_after`` adds ``Retry-After`` (the
-            seconds to the window's end, rounded up) to those 429s.
+            unless ``quota_headers`` is False, in ``quota_style`` (:data:`QUOTA_STYLES`);
+            ``quota_retry_after`` adds ``Retry-After`` (the seconds to the window's end, rounded
+            up) to those 429s.
 
     ``url`` is the base URL ending in ``/v1``; ``stats`` what it saw. ``stop()`` (or leaving the
     ``with`` block) closes it; ``kill()`` drops every open connection too, like a dead server.
@@ -230,6 +279,9 @@ class StubServer:
         jitter_s: float = 0.0,
         capacity: int | None = None,
         capacity_retry_after: str | None = None,
+        capacity_status: int = 429,
+        reject_after_work: bool = False,
+        capacity_schedule: list[tuple[float, int]] | None = None,
         faults: list[Fault] | None = None,
         handler: Handler | None = None,
         models: tuple[str, ...] = ("smollm2",),
@@ -239,12 +291,19 @@ class StubServer:
         token_quota: tuple[int, float] | None = None,
         quota_headers: bool = True,
         quota_retry_after: bool = False,
+        quota_style: str = "openai",
         port: int = 0,
     ) -> None:
+        if quota_style not in QUOTA_STYLES:
+            raise ValueError(f"quota_style must be one of {QUOTA_STYLES}")
         self.latency_s = latency_s
         self.jitter_s = jitter_s
         self.capacity = capacity
         self.capacity_retry_after = capacity_retry_after
+        self.capacity_status = capacity_status
+        self.reject_after_work = reject_after_work
+        self.capacity_schedule = sorted(capacity_schedule or [])
+        self.serving = 0  # requests admitted and not answered yet (what the capacity bounds)
         self.faults = list(faults or [])
         self.handler = handler
         self.models = models
@@ -257,6 +316,7 @@ class StubServer:
         }
         self.quota_headers = quota_headers
         self.quota_retry_after = quota_retry_after
+        self.quota_style = quota_style
         self.stats = StubStats()
         self._attempts: Counter[str] = Counter()
         self._port = port
@@ -277,9 +337,9 @@ class StubServer:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post(Endpoint.chat_completions.value, self._chat)
+        app.router.add_post(Endpoint.completions.value, self._completions)
+        app.router.add_post(Endpoint.embeddings.value, self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         return app
@@ -350,52 +410,80 @@ class StubServer:
                 over = self._take_quota(body, quota_headers)
                 if over is not None:
                     return over
-            if self.capacity is not None and stats.in_flight > self.capacity:
-                stats.by_status[429] += 1
-                headers = {}
-                if self.capacity_retry_after is not None:
-                    headers["Retry-After"] = _retry_after_value(self.capacity_retry_after)
-                return web.json_response(
-                    {
-                        "error": {
-                            "message": "over capacity",
-                            "type": "rate_limit_error",
-                            "code": 429,
-                        }
-                    },
-                    status=429,
-                    headers=headers,
-                )
-            reply = self._reply_for(body, attempt)
-            delay = self.latency_s + (random.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
-            if reply is not None:
-                delay += reply.delay_s if reply.action != "slow" else 0.0
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if reply is None:
-                model = body.get("model")
-                if self.models and model not in self.models:
-                    stats.by_status[404] += 1
-                    return web.json_response(
-                        {
-                            "error": {
-                                "message": f"The model `{model}` does not exist.",
-                                "type": "NotFoundError",
-                                "code": 404,
-                            }
-                        },
-                        status=404,
-                    )
-                stats.by_status[200] += 1
-                return web.json_response(answer(body), headers=quota_headers)
-            reply.headers = {**quota_headers, **reply.headers}
-            return await self._send(request, reply, body, answer)
+            capacity = self._capacity_now()
+            if capacity is not None and self.serving >= capacity:
+                return await self._refuse_over_capacity()
+            self.serving += 1
+            try:
+                return await self._serve_one(request, body, attempt, answer, quota_headers)
+            finally:
+                self.serving -= 1
         finally:
             stats.in_flight -= 1
 
+    def _capacity_now(self) -> int | None:
+        capacity = self.capacity
+        if self.capacity_schedule:
+            elapsed = time.monotonic() - self._started
+            for after_s, value in self.capacity_schedule:
+                if elapsed >= after_s:
+                    capacity = value
+        return capacity
+
+    async def _refuse_over_capacity(self) -> web.Response:
+        if self.reject_after_work and self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        status = self.capacity_status
+        self.stats.by_status[status] += 1
+        headers = {}
+        if self.capacity_retry_after is not None:
+            headers["Retry-After"] = _retry_after_value(self.capacity_retry_after)
+        kind = "rate_limit_error" if status == 429 else "service_unavailable"
+        return web.json_response(
+            {"error": {"message": "over capacity", "type": kind, "code": status}},
+            status=status,
+            headers=headers,
+        )
+
+    async def _serve_one(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        attempt: int,
+        answer: Answer,
+        quota_headers: dict[str, str],
+    ) -> web.StreamResponse:
+        stats = self.stats
+        reply = self._reply_for(body, attempt)
+        delay = self.latency_s + (random.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+        if reply is not None:
+            delay += reply.delay_s if reply.action != "slow" else 0.0
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if reply is None:
+            model = body.get("model")
+            if self.models and model not in self.models:
+                stats.by_status[404] += 1
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": f"The model `{model}` does not exist.",
+                            "type": "NotFoundError",
+                            "code": 404,
+                        }
+                    },
+                    status=404,
+                )
+            stats.by_status[200] += 1
+            return web.json_response(answer(body), headers=quota_headers)
+        reply.headers = {**quota_headers, **reply.headers}
+        return await self._send(request, reply, body, answer)
+
     def _take_quota(self, body: dict[str, Any], headers: dict[str, str]) -> web.Response | None:
-        """Count the request against the quotas (filling ``headers``); the 429 when over."""
-        elapsed = time.monotonic() - self._started
+        """Count the request against the quotas (filling ``headers``); the 429 when over.
+        Windows start with the server, or on the wall clock's whole periods for the ``epoch``
+        style (gateways that announce an epoch reset count ``floor(time / period)``)."""
+        elapsed = time.time() if self.quota_style == "epoch" else time.monotonic() - self._started
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         costs = {"requests": 1, "tokens": len(_text_of(body).split()) + int(max_tokens)}
         over = [q for name, q in self.quotas.items() if not q.fits(costs[name], elapsed)]
@@ -404,11 +492,13 @@ class StubServer:
                 quota.used += costs[name]
         if self.quota_headers:
             for name, quota in self.quotas.items():
-                headers.update(quota.headers(name, elapsed))
+                headers.update(quota.headers(name, elapsed, self.quota_style))
         if not over:
             return None
         refused_for = max(q.reset_in(elapsed) for q in over)
         self.stats.by_status[429] += 1
+        if self.quota_style == "azure":
+            headers["retry-after-ms"] = str(math.ceil(refused_for * 1000))
         if self.quota_retry_after:
             headers["Retry-After"] = str(math.ceil(refused_for))
         return web.json_response(

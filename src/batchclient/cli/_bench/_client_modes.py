@@ -38,10 +38,10 @@ async def run_remote(
     """``sequential`` (``spec.concurrency`` 1) and ``remote``: one
     ``RemoteBatchInference.batch_chat_completion`` call with a fixed in-flight limit
     (``adaptive=False``: the limit is the one asked for)."""
-    from ...remote import RemoteBatchInference
+    from ..._registry import make_client
 
-    async with RemoteBatchInference(
-        spec.base_url, max_concurrency=spec.concurrency, adaptive=False
+    async with make_client(
+        "remote", base_url=spec.base_url, max_concurrency=spec.concurrency, adaptive=False
     ) as client:
         return await timed_batch(client, spec, requests)
 

@@ -3,7 +3,8 @@
 with vLLM's own thread binding) and ``ray`` (:class:`~batchclient.RayBatchInference` with
 ``spec.replicas`` engines on a local Ray).
 
-Every engine gets the same arguments (:func:`engine_args`): the model, its context length, eager
+Every engine gets the same arguments (:func:`engine_args`, and the dtype
+``batchclient._engine_defaults`` chooses for this hardware): the model, its context length, eager
 mode, a ``spec.kv_cache_gib`` KV cache (split between Ray replicas, so the total is the same)
 and vLLM's offline scheduler limits, the ones the harness's server gets too. The thread binding
 comes from the child's environment (the harness sets it; see ``_run.harness_binding``). Each
@@ -17,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..._engine_defaults import decide
 from ._client_modes import WARMUP, WARMUP_MAX_TOKENS, timed_batch
 from ._spec import (
     ENGINE_MAX_NUM_BATCHED_TOKENS,
@@ -45,11 +47,11 @@ async def run_inline(
     """``inline``: one ``VLLMBatchInference.batch_chat_completion`` call over every request.
     ``client``: an already open ``VLLMBatchInference`` to use instead of starting one (tests
     reuse their session engine this way)."""
-    from ...inline import VLLMBatchInference
+    from ..._registry import make_client
 
     if client is not None:
         return await timed_batch(client, spec, requests)
-    async with VLLMBatchInference(spec.model_path, **engine_args(spec)) as own:
+    async with make_client("vllm", model=spec.model_path, **engine_args(spec)) as own:
         return await timed_batch(own, spec, requests)
 
 
@@ -59,11 +61,11 @@ async def run_ray(
     """``ray``: one ``RayBatchInference.batch_chat_completion`` call over every request, with
     ``spec.replicas`` replicas on a local Ray started for the run (each replica bound to its own
     share of the cores by the provider's default, and given its share of the KV cache)."""
-    from ...distributed import RayBatchInference
+    from ..._registry import make_client
 
     args = engine_args(spec)
     args["kv_cache_memory_bytes"] = args["kv_cache_memory_bytes"] // spec.replicas
-    async with RayBatchInference(spec.model_path, replicas=spec.replicas, **args) as client:
+    async with make_client("ray", model=spec.model_path, replicas=spec.replicas, **args) as client:
         return await timed_batch(client, spec, requests)
 
 
@@ -77,7 +79,9 @@ def run_vllm_offline(
     from vllm import LLM
     from vllm import SamplingParams as VllmSamplingParams
 
-    llm = LLM(model=spec.model_path, **engine_args(spec))
+    args = engine_args(spec)
+    # the dtype every engine batchclient starts gets (by the CPU), so the ceiling is comparable
+    llm = LLM(model=spec.model_path, **decide(args).apply(args))
     if spec.warmup:
         llm.chat(
             WARMUP,  # type: ignore[arg-type]

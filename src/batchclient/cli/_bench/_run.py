@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from typing import Any
 
 import batchclient
 
+from ..._engine_defaults import choose_dtype, vllm_on_cpu
 from ..._logs import VERBOSE_ENV, copy_output, is_verbose, vllm_env
 from ...errors import ConfigurationError
 from . import _report
@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "server": f"given: {args.base_url}" if args.base_url else _server_text(args),
         "engine": {
             "binding": harness_binding(),
+            "dtype": choose_dtype(cpu=vllm_on_cpu()).value,
             "max_model_len": args.max_model_len,
             "enforce_eager": True,
             "kv_cache_gib": args.kv_cache_gib,
@@ -193,7 +194,7 @@ def harness_binding() -> str:
     """The ``VLLM_CPU_OMP_THREADS_BIND`` the server, ``inline`` and ``vllm-offline`` get (the
     caller's value if set, else every core of this process's affinity, as the inline provider
     binds by default), so their comparison is fair; on GPUs vLLM ignores it."""
-    from ...inline._binding import THREADS_BIND, affinity, bind_mask
+    from ..._cpu import THREADS_BIND, affinity, bind_mask
 
     return os.environ.get(THREADS_BIND) or bind_mask(affinity()) or "auto"
 
@@ -213,7 +214,7 @@ def _server(args: argparse.Namespace, model_ref: Any, model_name: str) -> Iterat
     if args.base_url:
         yield args.base_url.rstrip("/")
         return
-    from ...inline._binding import THREADS_BIND
+    from ..._cpu import THREADS_BIND
     from ...testing import vllm_server
 
     _say("starting the vLLM server ...")
@@ -290,7 +291,8 @@ def _child(spec: RunSpec, stem: Path, timeout: float, *, verbose: bool) -> RunFi
     with ``verbose`` to the terminal too."""
     import json
 
-    from ...inline._binding import THREADS_BIND
+    from ..._cpu import THREADS_BIND
+    from ...testing import stop_group
 
     spec_file, log_file = stem.with_suffix(".spec.json"), stem.with_suffix(".log")
     spec.save(spec_file)
@@ -322,9 +324,8 @@ def _child(spec: RunSpec, stem: Path, timeout: float, *, verbose: bool) -> RunFi
             code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
-        finally:  # also on Ctrl-C: no engine process outlives its run
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        finally:  # also on Ctrl-C or SIGTERM: no engine process outlives its run
+            stop_group(proc)
             proc.wait()
             if copier is not None:
                 copier.join(timeout=10)

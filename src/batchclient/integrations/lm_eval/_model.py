@@ -11,10 +11,10 @@ model answers them through batchclient's calls on a client kept open in a backgr
   lm-eval's own handling of ``gen_kwargs`` (``normalize_gen_kwargs``: greedy unless
   ``do_sample``; the EOS text added to ``until``; the answer cut at the first stop string).
 
-Answers are kept in the state directory (:mod:`._results`) as they arrive, so a re-run of the
-same eval sends nothing. A request that fails (a context over the model's length, an empty
-continuation) stops the eval with ``BatchFailedError`` once every other request is answered
-and stored; lm-eval has no per-item error, and a made-up score would be wrong.
+Answers are kept in the result cache of the state directory (:mod:`._results`) as they arrive,
+so a re-run of the same eval sends nothing. A request that fails (a context over the model's
+length, an empty continuation) stops the eval with ``BatchFailedError`` once every other request
+is answered and stored; lm-eval has no per-item error, and a made-up score would be wrong.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ...types import (
     TopKSamplingStrategy,
     TopPSamplingStrategy,
 )
-from ._results import ResultStore, request_key
+from ._results import Answers, request_key
 from ._session import ClientSession, client_factory
 
 __all__ = ["BatchClientLM"]
@@ -63,8 +63,9 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
     """lm-eval's ``LM`` over a batchclient provider (``--model batchclient``).
 
     Args (``--model_args key=value,...``):
-        provider: ``vllm`` (default: a vLLM engine in this process) or ``remote`` (an
-            OpenAI-compatible server).
+        provider: a provider name of the registry: ``vllm`` (default: a vLLM engine in this
+            process), ``remote`` (an OpenAI-compatible server), ``ray`` (engine replicas on
+            Ray) or ``batch-api`` (a remote Batch API; ``base_url`` and ``model`` as remote).
         model: vllm: the model folder or hub id (default: the bundled SmolLM2-135M-Instruct);
             remote: the served model name (required).
         base_url: remote: the API root (``http://host:port/v1``; a ``.../v1/completions`` URL
@@ -77,7 +78,10 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         max_gen_toks: ``generate_until``'s default ``max_tokens`` (256, lm-eval's default).
         state_dir: where answers are kept (default ``$BATCHCLIENT_STATE_DIR`` or the user data
             directory); ``cache=False`` keeps none.
-        other keys: vllm engine arguments (``max_model_len``, ``kv_cache_memory_bytes``, ...).
+        other keys: the provider's own options: vllm and ray engine arguments
+            (``max_model_len``, ``kv_cache_memory_bytes``, ...), ``RemoteOptions`` for remote
+            (``rpm``, ``adaptive``, ...); an option the provider does not take is a
+            ``ConfigurationError``.
 
     The model opens its own client on first use, on an event loop in a background thread;
     ``close()`` (or leaving ``with``) stops it, and models still open at exit are closed then.
@@ -105,7 +109,7 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         self.provider_name = provider
         self.max_gen_toks = int(max_gen_toks)
         self._state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
-        self._store = ResultStore(self._state_dir) if cache else None
+        self._store = Answers(self._state_dir) if cache else None
         if client is not None:
             self._session = ClientSession(borrowed=client)
         else:
@@ -122,7 +126,7 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
                 engine_args=engine_args,
             )
             self._session = ClientSession(make)
-        if provider == "vllm":
+        if provider in ("vllm", "ray"):  # an engine of ours: the model it loads
             served = engine_args.get("served_model_name")
             self.model = str(served or (model if model is not None else BUNDLED_MODEL_NAME))
         else:
@@ -274,7 +278,7 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
                     return
                 answers[i] = answer
                 if self._store is not None:
-                    self._store.put(keys[i], answer)
+                    self._store.put(keys[i], answer, kind=kind, model=self.model)
 
             try:
                 self._call(run, client, [args[i] for i in missing], on_item, progress)

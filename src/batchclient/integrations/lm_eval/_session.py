@@ -17,8 +17,10 @@ from typing import Any
 
 import anyio.from_thread
 
+from ... import _registry as registry
 from ..._core.client import BatchClient
 from ...errors import ConfigurationError
+from ...types import Endpoint
 
 __all__ = ["ClientSession", "client_factory", "remote_base"]
 
@@ -27,8 +29,8 @@ def remote_base(url: str) -> str:
     """An API root ending in ``/v1`` from what users of lm-eval's ``local-completions`` give
     (``.../v1/completions`` or ``.../v1/chat/completions``)."""
     url = url.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        url = url.removesuffix(suffix)
+    for endpoint in (Endpoint.chat_completions, Endpoint.completions):
+        url = url.removesuffix(endpoint.path)
     return url
 
 
@@ -45,34 +47,44 @@ def client_factory(
     state_dir: Path,
     engine_args: dict[str, Any],
 ) -> Callable[[], BatchClient]:
-    """A function that builds the client the model's arguments describe (checked now, built
-    later, on the client's event loop). Raises ``ConfigurationError`` for arguments that do
-    not fit the provider."""
-    if provider == "remote":
+    """A function that builds the client the model's arguments describe, from the provider
+    registry (checked now, built later, on the client's event loop). ``engine_args``: the
+    other ``model_args``, the provider's own options (vLLM engine arguments for ``vllm`` and
+    ``ray``; ``rpm``, ``adaptive``, ... for ``remote``). Raises ``ConfigurationError`` for an
+    unknown provider or arguments that do not fit it."""
+    registry.entry_of(provider)  # an unknown name: the error lists the known ones
+    options: dict[str, Any]
+    if provider in ("remote", "batch-api"):
         if not base_url or not model:
-            raise ConfigurationError("provider=remote needs base_url=... and model=...")
-        from ...remote import RemoteBatchInference
-
+            raise ConfigurationError(f"provider={provider} needs base_url=... and model=...")
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        return lambda: RemoteBatchInference(
-            remote_base(base_url),
-            key or None,
-            max_concurrency=max_concurrency or 64,
-            timeout=float(timeout),
-            max_retries=int(max_retries),
-            tokenizer=tokenizer,
-            state_dir=state_dir,
-        )
-    if provider != "vllm":
-        raise ConfigurationError(f"provider must be 'vllm' or 'remote', not {provider!r}")
-    if base_url or tokenizer:
-        raise ConfigurationError("base_url and tokenizer are for provider=remote")
-    from ...inline import VLLMBatchInference
-
-    window = int(max_concurrency) if max_concurrency else 1024
-    return lambda: VLLMBatchInference(
-        model, max_concurrency=window, state_dir=state_dir, **engine_args
-    )
+        options = {"base_url": remote_base(base_url), "api_key": key or None}
+        options.update(timeout=float(timeout), max_retries=int(max_retries))
+        if provider == "remote":
+            options["tokenizer"] = tokenizer
+        elif tokenizer:
+            raise ConfigurationError("tokenizer is for provider=remote")
+    elif provider in ("anthropic-batch", "gemini-batch"):
+        # chat only (completions and scoring calls are refused with the endpoint's name);
+        # their own default hosts and key variables, which the client reads
+        if not model:
+            raise ConfigurationError(f"provider={provider} needs model=...")
+        if tokenizer:
+            raise ConfigurationError("tokenizer is for provider=remote")
+        options = {"base_url": base_url or None, "api_key": api_key or None}
+        options.update(timeout=float(timeout), max_retries=int(max_retries))
+    else:
+        if base_url or tokenizer:
+            raise ConfigurationError("base_url and tokenizer are for provider=remote")
+        options = {"model": model}
+    if max_concurrency:
+        options["max_concurrency"] = int(max_concurrency)
+    taken = sorted(set(engine_args) & set(options))
+    if taken:
+        raise ConfigurationError(f"{', '.join(taken)}: given twice")
+    options.update(engine_args)
+    registry.check_options(provider, options, client=True)
+    return lambda: registry.make_client(provider, state_dir=state_dir, **options)
 
 
 class ClientSession:

@@ -1,16 +1,24 @@
-"""Pacing from the quota a server announces in its answers' headers (OpenAI's
-``x-ratelimit-*``), so that dispatch slows down before the quota runs out, with no ``rpm`` /
-``tpm`` set by the user.
+"""Pacing from the quota a server announces in its answers' headers, so that dispatch slows
+down before the quota runs out, with no ``rpm`` / ``tpm`` set by the user.
 
-Headers read (OpenAI, "Rate limits" guide; also sent by Azure OpenAI, Groq, vLLM routers and
-most gateways that copy them):
+Headers read (the first family present wins, per quota):
 
-- ``x-ratelimit-limit-requests`` / ``-tokens``: the quota per window;
-- ``x-ratelimit-remaining-requests`` / ``-tokens``: what is left after this request was counted;
-- ``x-ratelimit-reset-requests`` / ``-tokens``: the time until the quota is back to its limit,
-  as a Go duration (``1s``, ``6m0s``, ``230ms``, ``1m30.5s``) or plain seconds.
+- OpenAI (its "Rate limits" guide; also Groq, Together, vLLM routers and most gateways that copy
+  it): ``x-ratelimit-limit-requests`` / ``-tokens`` (the quota per window),
+  ``x-ratelimit-remaining-requests`` / ``-tokens`` (what is left after this request was
+  counted), ``x-ratelimit-reset-requests`` / ``-tokens`` (the time until the quota is back to its
+  limit);
+- Azure OpenAI: ``x-ratelimit-remaining-requests`` / ``-tokens`` only, no limit and no reset;
+  its 429s say when to come back in ``retry-after-ms`` (read by :mod:`.retry`), which is then
+  taken as the reset of the quota at zero, and the limit is taken to be the most ever left
+  (plus the request just counted);
+- API gateways in front of vLLM (Kong, Envoy, nginx modules) and the IETF draft: unsuffixed
+  ``x-ratelimit-limit`` / ``-remaining`` / ``-reset`` or ``ratelimit-limit`` / ``-remaining`` /
+  ``-reset``: a request quota.
 
-Unknown, negative or malformed values are ignored, never fatal.
+A reset is a Go duration (``1s``, ``6m0s``, ``230ms``, ``1m30.5s``), plain seconds (``0.23``),
+or the epoch second it happens (a number above 10^9; above 10^12, epoch milliseconds). Unknown,
+negative or malformed values are ignored, never fatal.
 
 The model: the server counts a request when it arrives and reports what remains. The freshest
 report (the answer to the request sent last) is the baseline; every request sent since then is
@@ -19,17 +27,22 @@ server. While the estimate has no room for a request, the endpoint is held until
 reset time; at the reset the remaining quota is taken to be the announced limit again, minus
 what is sent from then on, until the next report arrives. A server whose quota refills
 gradually (OpenAI's) is used at its rate either way: holding until it is full and then sending
-a burst of the limit averages out to the limit per window.
+a burst of the limit averages out to the limit per window. A token quota is counted with this
+client's estimate of each request (no tokenizer), scaled by what the server really counts, learned
+from how far ``remaining`` falls between two reports. With no reset announced, one
+request at a time goes to learn where the quota stands, and a refusal's ``Retry-After`` holds
+the endpoint until then.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["HeaderQuota", "parse_duration"]
+__all__ = ["HeaderQuota", "announces_quota", "parse_duration", "parse_reset"]
 
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -58,6 +71,49 @@ def parse_duration(value: str | None) -> float | None:
     return seconds
 
 
+_EPOCH_S = 1e9  # a reset number above this is an epoch time (2001 on), not a duration
+_EPOCH_MS = 1e12
+
+
+def parse_reset(value: str | None, *, wall: float | None = None) -> float | None:
+    """Seconds until a quota's reset: a duration (:func:`parse_duration`) or an epoch time in
+    seconds (or milliseconds); ``wall`` is the current epoch time (``time.time()`` if None).
+    None when absent, malformed, past by more than a second, or more than a week away."""
+    if not value:
+        return None
+    number = _number(value)
+    if number is None or number < _EPOCH_S:
+        return parse_duration(value)
+    epoch = number / 1000.0 if number >= _EPOCH_MS else number
+    seconds = epoch - (time.time() if wall is None else wall)
+    if not -1.0 <= seconds <= _MAX_DURATION_S:
+        return None
+    return max(0.0, seconds)
+
+
+# (limit, remaining, reset) header names, in order of preference, per quota
+_FAMILIES = {
+    "requests": (
+        (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+        ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"),
+        ("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"),
+    ),
+    "tokens": (
+        ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ),
+}
+_REMAINING = tuple(family[1] for families in _FAMILIES.values() for family in families)
+
+
+def announces_quota(headers: Mapping[str, str]) -> bool:
+    """Whether an answer carries a remaining-quota header of any family read here."""
+    return any(name in headers for name in _REMAINING)
+
+
 def _number(value: str | None) -> float | None:
     if value is None:
         return None
@@ -81,30 +137,57 @@ class _Dimension:
     seen_mark: float = -1.0  # the send mark of the freshest report taken
     sent: float = 0.0
     active: bool = False
+    # what the server counts per unit this client counts (tokens: the server's count over our
+    # estimate, learned from how far ``remaining`` falls between two reports of one window)
+    scale: float = 1.0
+    report: tuple[float, float] | None = None  # (mark, remaining) of the last report taken
+    counted: float = 0.0  # decayed sums of the server's count and ours, for ``scale``
+    estimated: float = 0.0
 
     def observe(self, headers: Mapping[str, str], mark: float, now: float) -> bool:
         """Take this answer's report if it is the freshest; True when its quota is at zero."""
-        remaining = _number(headers.get(f"x-ratelimit-remaining-{self.name}"))
-        if remaining is None:
+        family = next((f for f in _FAMILIES[self.name] if f[1] in headers), None)
+        remaining = _number(headers.get(family[1])) if family is not None else None
+        if family is None or remaining is None:
             return False
+        limit_name, _, reset_name = family
         if mark >= self.seen_mark:
+            self._learn_scale(mark, remaining)
             self.seen_mark = mark
             self.active = True
             self.remaining = remaining
             self.base = mark
-            limit = _number(headers.get(f"x-ratelimit-limit-{self.name}"))
+            limit = _number(headers.get(limit_name))
             if limit is not None and limit > 0:
                 self.limit = limit
-            reset = parse_duration(headers.get(f"x-ratelimit-reset-{self.name}"))
+            else:  # none announced (Azure): at least what was left with this request counted
+                self.limit = max(self.limit or 0.0, remaining + 1)
+            reset = parse_reset(headers.get(reset_name))
             self.reset_at = now + reset if reset is not None else math.inf
         return remaining <= 0
 
+    def _learn_scale(self, mark: float, remaining: float) -> None:
+        """Compare the server's count with ours between the previous report and this one."""
+        if self.name != "tokens":  # a request is one request on both sides
+            return
+        previous, self.report = self.report, (mark, remaining) if remaining > 0 else None
+        if previous is None or mark <= previous[0] or not 0 < remaining <= previous[1]:
+            # the first report, the window refilled in between, or the quota is at zero (then
+            # requests are refused, and the server does not count them: they would skew it)
+            return
+        self.counted = 0.9 * self.counted + (previous[1] - remaining)
+        self.estimated = 0.9 * self.estimated + (mark - previous[0])
+        if self.estimated > 0 and self.counted > 0:
+            self.scale = min(20.0, max(0.05, self.counted / self.estimated))
+
     def available(self, now: float) -> float:
+        """What is left for this client now, in the server's units."""
         if now >= self.reset_at:  # the window turned over: back to the limit from here on
             self.remaining = self.limit if self.limit is not None else math.inf
             self.base = self.seen_mark = self.sent
             self.reset_at = math.inf
-        return self.remaining - (self.sent - self.base)
+            self.report = None
+        return self.remaining - (self.sent - self.base) * self.scale
 
 
 @dataclass
@@ -148,12 +231,20 @@ class HeaderQuota:
         zero = self.requests.observe(headers, marks[0], now)
         return self.tokens.observe(headers, marks[1], now) or zero
 
+    def refused_until(self, now: float, wait_s: float) -> None:
+        """A refusal for a used-up quota said to come back in ``wait_s`` seconds: that is the
+        reset of every quota at zero whose answers announce none (Azure's)."""
+        for dim in (self.requests, self.tokens):
+            if dim.active and dim.reset_at == math.inf and dim.available(now) <= 0:
+                dim.reset_at = now + wait_s
+
     def hold_until(self, now: float, in_flight: int) -> float | None:
         """None when a request may be sent now; otherwise until when to hold (``math.inf``:
         until the next report, which an answer in flight will bring)."""
         until = None
         pending = float(self.pending)
         for dim, cost in ((self.requests, 1.0), (self.tokens, self.last_cost)):
+            cost *= dim.scale
             if dim.active and dim.available(now) - pending * cost < cost:
                 if dim.reset_at == math.inf and in_flight == 0:
                     continue  # no report is on its way: send one to learn where things stand
@@ -166,7 +257,7 @@ class HeaderQuota:
             dim.reset_at - now
             for dim in (self.requests, self.tokens)
             if dim.active
-            and dim.remaining - (dim.sent - dim.base) <= 0
+            and dim.remaining - (dim.sent - dim.base) * dim.scale <= 0
             and dim.reset_at > now
             and dim.reset_at != math.inf
         ]

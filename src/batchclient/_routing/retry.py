@@ -4,10 +4,11 @@
   retries; OpenAI Batch contract, ``docs/design.md``).
 - Never retried: every other 4xx (400 context too long, 401, 403, 404 model not found, 422):
   they fail on the first attempt with their status (bespokelabsai/curator #213).
-- Wait: the server's ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_cap_s``)
-  plus up to 10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
+- Wait: the server's ``retry-after-ms`` (Azure OpenAI; milliseconds, preferred as the openai SDK
+  does) or ``Retry-After`` (seconds or an HTTP date), capped at ``retry_after_cap_s``, plus up to
+  10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
   ``wait_exponential_jitter``). Only that request waits; the endpoint is paused as well when
-  the throttling is endpoint-wide (``_endpoints``).
+  the throttling is endpoint-wide (``dispatch``).
 - The first attempt runs outside tenacity (one ``AsyncRetrying`` per request costs about as much
   as the HTTP call on an instant server); only a request that failed once enters it.
 - A request that runs out of attempts reports its last failure: a 429 stays ``rate_limited``
@@ -18,6 +19,8 @@ Step by step: ``docs/remote.md`` ("What happens to one request").
 
 from __future__ import annotations
 
+import inspect
+import math
 import random
 import time
 from email.utils import parsedate_to_datetime
@@ -71,14 +74,37 @@ def parse_retry_after(value: str | None, *, cap_s: float, now: float | None = No
     return max(0.0, min(seconds, cap_s))
 
 
+def retry_after_of(headers: Any, *, cap_s: float) -> float | None:
+    """Seconds to wait from an answer's headers: ``retry-after-ms`` when it is a number (Azure
+    OpenAI sends it; the openai SDK prefers it), else ``Retry-After``; capped at ``cap_s``."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            seconds = float(millis) / 1000.0
+        except ValueError:
+            seconds = math.nan
+        if math.isfinite(seconds):
+            return max(0.0, min(seconds, cap_s))
+    return parse_retry_after(headers.get("retry-after"), cap_s=cap_s)
+
+
+# The first wait is ``multiplier`` from tenacity 9.2.1 on, where ``initial`` is a deprecated alias
+# that warns; older releases (which google-genai pins) know only ``initial``.
+_FIRST_WAIT = (
+    "multiplier"
+    if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters
+    else "initial"
+)
+
+
 class RetryWait:
     """tenacity ``wait``: the server's Retry-After (+ up to 10 % jitter) when it sent one, else
     exponential backoff with jitter (``initial_s`` doubling up to ``max_s``, + up to
     ``jitter_s``)."""
 
     def __init__(self, *, initial_s: float = 0.5, max_s: float = 30.0, jitter_s: float = 0.5):
-        # ``multiplier`` is the first wait (tenacity >= 9.2.1; ``initial`` is its deprecated alias)
-        self._backoff = wait_exponential_jitter(multiplier=initial_s, max=max_s, jitter=jitter_s)
+        first_wait = {_FIRST_WAIT: initial_s}
+        self._backoff = wait_exponential_jitter(**first_wait, max=max_s, jitter=jitter_s)
 
     def __call__(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None

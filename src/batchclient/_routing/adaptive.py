@@ -1,12 +1,13 @@
 """Adaptive concurrency: how many requests one (endpoint, model) may have in flight.
 
-An AIMD controller (TCP congestion control, RFC 5681; inspect_ai's adaptive connections):
-slow start from ``initial`` until the first throttle, then growth by ``increase_ratio`` of the
-limit per round trip, and a cut by ``decrease_factor`` on a throttle (HTTP 429, 503, 529), at
-most once per ``cooldown_s``, within ``[minimum, maximum]``. The cool-down is our own constant,
-never the server's ``Retry-After`` (inspect_ai #5137: extending it with every hint froze the
-limit). A throttle without ``Retry-After`` also caps the limit at what the server held, a
-ceiling that growth probes one step per cool-down.
+An AIMD controller (TCP congestion control, RFC 5681; inspect_ai's adaptive connections) with a
+capacity signal: slow start from ``initial`` until the first throttle, then growth by
+``increase_ratio`` of the limit per round trip. A throttle (HTTP 429, 503, 529) that shows the
+server's capacity (what it was serving when the refused request arrived, counted by
+``dispatch``) sets the limit to that capacity at once; any other throttle cuts it by
+``decrease_factor``, at most once per ``cooldown_s``, within ``[minimum, maximum]``. The
+cool-down is our own constant, never the server's ``Retry-After`` (inspect_ai #5137: extending
+it with every hint froze the limit).
 
 - **Start** at ``initial`` and *slow-start*: each success that finds the limit in use adds 1
   (the limit doubles per round trip) until the first throttle. Source: inspect_ai adaptive
@@ -18,28 +19,29 @@ ceiling that growth probes one step per cool-down.
   *after* the last throttle count (a success that was already in flight says nothing about the
   new limit), and only while the limit is actually used (no growth while the batch is smaller
   than the limit).
-- **Cut** on a throttle (HTTP 429, 503, 529) to ``limit * decrease_factor`` (inspect_ai: x0.8;
-  promptfoo x0.5; mlflow AIMD on rate), at most once per ``cooldown_s`` and only for requests
-  sent after the previous cut (the other answers of the same burst report the same overload).
-  The cool-down is our own constant and never the server's ``Retry-After``: inspect_ai #5137 /
-  PR #5138 froze its controller by extending the cool-down with each ``Retry-After``, so a
-  steady stream of long hints pinned the limit forever. Here a sustained throttle walks the
-  limit to ``minimum`` in at most ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs
-  and it grows back as soon as requests succeed.
-- **Capacity ceiling**: an isolated throttle (with or without ``Retry-After``) also tells how
-  many requests the server held: those sent before the refused one and still unanswered
-  (``_endpoints``). The limit never stays above that (else the
-  slot of a request refused in a millisecond is refilled at once and refused again: one above
-  capacity became hundreds of 429s per second until the next cut), and it becomes a ceiling
-  that growth crosses one step per cool-down (a probe, like TCP CUBIC's plateau near its last
-  maximum). A refused probe only caps the limit again (no multiplicative cut); two probes that
-  hold mean the server grew, and the ceiling is forgotten. An endpoint-wide throttle (most
-  answers refused) is a rate limit: the endpoint is paused (``_endpoints``) and the ceiling
-  dropped.
+- **Capacity** from an isolated throttle: ``served``, the requests the server was serving when
+  the refused one arrived (sent before it and answered with success after it was sent, or
+  still unanswered; ``dispatch``). It does not depend on when the refusal comes back: a gateway
+  refuses on arrival, an overloaded backend behind a queue only after working on the request as
+  long as a success takes, and what is still in flight by then says nothing (counting that cut
+  the limit toward 1 against such a server: 28-32 % of its capacity). A limit above the
+  capacity is set to it at once: the server is full, not overloaded, so no backing off below
+  what it serves. The capacity becomes a ceiling that growth crosses one step per cool-down (a
+  probe, like TCP CUBIC's plateau near its last maximum); a refused probe sets the limit back
+  without counting as a cut; two probes that hold mean the server grew: the ceiling is
+  forgotten and the limit slow-starts again to find the new capacity.
+- **Cut** by ``decrease_factor`` (inspect_ai: x0.8; promptfoo x0.5) on a throttle that the
+  capacity does not explain (the limit was no more than what the server served: another
+  client, a rate limit) and on an endpoint-wide one (``served`` None: most answers refused;
+  ``dispatch`` also pauses the endpoint), at most once per ``cooldown_s``, and only for
+  requests sent after the previous change (the other answers of the same burst report the same
+  overload). A sustained throttle walks the limit to ``minimum`` in at most
+  ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs and it grows back as soon as
+  requests succeed.
 - **Bounds**: never above ``maximum`` (the user's ``max_concurrency``) nor below ``minimum``.
 
 The controller is a plain object with an injectable clock so its rules are tested without
-sleeping; the lane in :mod:`._endpoints` applies its integer ``limit``.
+sleeping; the lane in :mod:`.dispatch` applies its integer ``limit``.
 """
 
 from __future__ import annotations
@@ -121,22 +123,25 @@ class AdaptiveLimit:
                 return False
             self.last_probe = now
             grown = float(max(self.limit, ceiling) + 1)
-            if grown >= ceiling + 2:  # two probes held: the server has grown, forget it
+            if grown >= ceiling + 2:  # two probes held: the server has grown, find its new size
                 self.ceiling = None
+                self.slow_start = True
         self.value = min(grown, float(s.maximum))
         return self.limit > before
 
-    def on_throttle(self, sent_at: float, in_flight_beside: int | None = None) -> bool:
-        """A request sent at ``sent_at`` was throttled (429/503/529). Returns whether the
-        limit was cut multiplicatively (at most once per cool-down).
+    def on_throttle(self, sent_at: float, served: int | None = None) -> bool:
+        """A request sent at ``sent_at`` (clock time) was throttled (429/503/529). Returns
+        whether the limit was cut (a probe refused above the ceiling is not a cut).
 
-        ``in_flight_beside``: the requests the server was holding when it refused this one
-        (None for an endpoint-wide throttle, a rate limit rather than a capacity). It is the
-        capacity the server just showed: the limit never stays above it, and it becomes the ceiling
-        that growth probes one step per cool-down. A throttle of a probe above that ceiling
-        only caps the limit again; any other throttle cuts it by ``decrease_factor`` once per
-        cool-down. Answers of requests sent before the last change are ignored (one burst,
-        one signal)."""
+        ``served``: how many requests the server was serving when this one arrived (the
+        dispatcher counts them: sent before it and answered with success after it was sent, or
+        still unanswered); None for an endpoint-wide throttle, a rate limit rather than a
+        capacity. It is the capacity the server just showed, whether it refused at once or only
+        after working as long as a success takes. A limit above it is set to it (the ceiling
+        that growth then probes one step per cool-down); a limit the server already served
+        and still refused means something else (another client, a rate limit): a cut by
+        ``decrease_factor``, once per cool-down. Answers of requests sent before the last
+        change are ignored (one burst, one signal)."""
         now = self.clock()
         self.last_throttle = now
         if not self.enabled:
@@ -146,7 +151,7 @@ class AdaptiveLimit:
             return False
         s = self.settings
         cooled = now - self.last_cut >= s.cooldown_s
-        if in_flight_beside is None:
+        if served is None:
             if not cooled:
                 return False
             self.ceiling = None  # a rate limit, not a capacity
@@ -154,14 +159,21 @@ class AdaptiveLimit:
             self.last_cut = self.last_adjust = now
             self.cuts += 1
             return True
-        cap = float(max(s.minimum, in_flight_beside))
+        cap = max(s.minimum, served)
         probing = self.ceiling is not None and self.limit > self.ceiling
-        self.ceiling = int(cap)
         self.last_adjust = self.last_probe = now  # the next probe one cool-down from now
-        if probing or not cooled:
-            self.value = min(self.value, cap)
+        if self.limit > cap:  # above what the server showed: to it, at once
+            self.ceiling = cap
+            self.value = float(cap)
+            if probing:
+                return False
+            self.last_cut = now
+            self.cuts += 1
+            return True
+        if not cooled:
             return False
-        self.value = max(float(s.minimum), min(self.value * s.decrease_factor, cap))
+        self.ceiling = None
+        self.value = max(float(s.minimum), self.value * s.decrease_factor)
         self.last_cut = now
         self.cuts += 1
         return True

@@ -9,10 +9,20 @@
   the endpoint of the previous failed attempt last). With no free slot the attempt queues
   (first come, first served per model) and is handed a slot directly when one frees up, a pause
   ends or an ejected endpoint returns.
+- **Prefix affinity**: an attempt with a prefix key (:mod:`.._core.prefix`: the context of a
+  scoring request, the leading messages of a chat) goes to the usable endpoint with room that
+  ranks first for that key by rendezvous hashing (highest ``hash((key, endpoint number))``),
+  so requests that share a prefix meet the KV cache that prefix already filled; when that
+  endpoint's lane is full, to the next in the key's ranking (the load spills in a fixed order,
+  so the second replica's cache warms for it too). Attempts without a key go least-loaded.
+  Queued attempts take whatever slot frees first (the queue stays first come, first served):
+  under saturation affinity yields to keeping every replica busy.
 - **Throttles**: a 429/503/529 holds the request that got it until its ``Retry-After`` (the
   caller's retry waits it); the other requests go on. The endpoint as a whole is paused only when
   the throttling is endpoint-wide: most of its recent answers (as many as it has in flight, at
-  least 4) were throttles, and the server said until when. When the pause ends, each lane
+  least 4) were throttles, none was a success since the refused request was sent (within the
+  last second: a server still serving some is at its capacity, which the limit finds, as when
+  its capacity falls), and the server said until when. When the pause ends, each lane
   restarts at half its limit and regains one slot per success (a gradual restart, not a burst).
   A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
   (it does what the server asked) and is served before new requests. (Pausing the endpoint for
@@ -20,7 +30,7 @@
   third of its capacity: each excess request stopped the others, which were succeeding.)
 - **Announced quota**: an endpoint whose answers carry ``x-ratelimit-*`` headers is held, for
   every request, while the quota they announce has no room, until their reset time
-  (:mod:`._quota`).
+  (:mod:`.quota`).
 - **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
   52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
   more failure ejects it again. If every endpoint is out, attempts fail fast with
@@ -40,10 +50,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._adaptive import AdaptiveLimit, AdaptiveSettings
-from ._quota import HeaderQuota
-from ._rates import RateBuckets
-from ._transport import Transport
+from .adaptive import AdaptiveLimit, AdaptiveSettings
+from .quota import HeaderQuota
+from .rates import RateBuckets
 
 __all__ = ["Dispatcher", "EndpointUnavailable", "Lane", "LaneStats", "Replica"]
 
@@ -88,6 +97,9 @@ class Lane:
     throttled: int = 0
     failed: int = 0
     flying: dict[int, float] = field(default_factory=dict)  # sent, unanswered: send times
+    # (sent, answered) times of the latest successes, in answer order: who the server was
+    # serving when a refused request arrived, once its refusal comes back (maybe much later)
+    answered: deque[tuple[float, float]] = field(default_factory=deque)
 
     def sending(self, sent_at: float) -> int:
         """Register a request sent at ``sent_at``; returns its token for :meth:`landed`."""
@@ -99,10 +111,25 @@ class Lane:
     def landed(self, token: int) -> None:
         self.flying.pop(token, None)
 
-    def held_before(self, sent_at: float) -> int:
-        """Requests still unanswered that were sent before ``sent_at``: what the server was
-        holding when a request sent then arrived (newer ones arrived after it)."""
-        return sum(1 for t in self.flying.values() if t < sent_at)
+    def served_at(self, sent_at: float) -> int:
+        """How many requests the server was serving when a request sent at ``sent_at``
+        arrived: those sent before it that were answered with success after it was sent, and
+        those still unanswered (refused ones were not being served). Counted when its refusal
+        comes back, which an overloaded backend may send only after working on it: what is in
+        flight by then says nothing, what overlapped its arrival does."""
+        count = sum(1 for t in self.flying.values() if t < sent_at)
+        for sent, done in reversed(self.answered):
+            if done <= sent_at:
+                break
+            if sent < sent_at:
+                count += 1
+        return count
+
+    def serving_since(self, since: float) -> bool:
+        """Whether a success was answered after ``since``: a server that refuses most requests
+        but still serves some is at its capacity (which the limit finds), not rate-limited
+        (which pauses the endpoint)."""
+        return bool(self.answered) and self.answered[-1][1] > since
 
     def free(self) -> int:
         limit = self.control.limit
@@ -114,12 +141,12 @@ class Lane:
 @dataclass(eq=False)
 class Replica:
     """One replica. ``base_url`` is its URL as shown (no userinfo, no query), or names a
-    replica that is not an HTTP endpoint; ``pool`` is what sends to it: the HTTP
-    :class:`Transport`, or another provider's handle on its replica (anything with
-    ``close()``)."""
+    replica that is not an HTTP endpoint; ``pool`` is what sends to it, which only its provider
+    uses: the remote provider's HTTP ``Transport``, the Ray provider's actor handle (anything
+    with an async ``close()``, which :meth:`Dispatcher.close` calls)."""
 
     base_url: str
-    pool: Transport | Any
+    pool: Any
     rates: RateBuckets
     settings: AdaptiveSettings
     adaptive: bool
@@ -132,6 +159,7 @@ class Replica:
     ejected_until: float = 0.0
     ejections: int = 0
     last_error: str = ""
+    number: int = 0  # its position among the dispatcher's endpoints: the rendezvous salt
 
     def in_flight(self) -> int:
         return sum(lane.in_use for lane in self.lanes.values())
@@ -141,10 +169,13 @@ class Replica:
         if lane is None:
             control = AdaptiveLimit(self.settings, self.adaptive)
             lane = self.lanes[model] = Lane(self, model, control)
+            # enough for every success that can overlap one request: at most the limit was in
+            # flight when it arrived, and as many again may be answered before its refusal
+            lane.answered = deque(maxlen=max(256, 4 * self.settings.maximum))
         return lane
 
 
-Waiter = tuple["Replica | None", "asyncio.Future[Lane]"]
+Waiter = tuple["Replica | None", "int | None", "asyncio.Future[Lane]"]  # avoid, key, slot
 _NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their Retry-After
 
 
@@ -153,16 +184,25 @@ class Dispatcher:
 
     def __init__(self, endpoints: list[Replica], *, eject_after: int, eject_s: float) -> None:
         self.endpoints = endpoints
+        for number, ep in enumerate(endpoints):
+            ep.number = number
         self.eject_after = eject_after
         self.eject_s = eject_s
         self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
 
     # ------------------------------------------------------------------ choosing a lane
 
-    def _pick(self, model: str, avoid: Replica | None, past_pause: bool = False) -> Lane | None:
-        """The least-loaded lane with a free slot, or None. While some usable endpoint has
-        rpm/tpm room, endpoints without it are skipped (better to wait for a slot there than to
-        hold one here waiting for the bucket); the endpoint to avoid comes last."""
+    def _pick(
+        self,
+        model: str,
+        avoid: Replica | None,
+        past_pause: bool = False,
+        key: int | None = None,
+    ) -> Lane | None:
+        """The least-loaded lane with a free slot (with a prefix ``key``: the first with one in
+        the key's rendezvous ranking), or None. While some usable endpoint has rpm/tpm room,
+        endpoints without it are skipped (better to wait for a slot there than to hold one here
+        waiting for the bucket); the endpoint to avoid comes last."""
         now = time.monotonic()
         if len(self.endpoints) == 1:  # the common case, kept cheap
             ep = self.endpoints[0]
@@ -183,12 +223,15 @@ class Dispatcher:
         ]
         with_room = [ep for ep in usable if not ep.rates.active or ep.rates.has_capacity(0.0)]
         best: Lane | None = None
-        best_score: tuple[bool, float] | None = None
+        best_score: tuple[bool, float | int] | None = None
         for ep in with_room or usable:
             lane = ep.lane(model)
             if lane.free() <= 0:
                 continue
-            score = (ep is avoid, lane.in_use / max(lane.control.limit, 1))
+            if key is None:
+                score = (ep is avoid, lane.in_use / max(lane.control.limit, 1))
+            else:
+                score = (ep is avoid, -hash((key, ep.number)))
             if best_score is None or score < best_score:
                 best, best_score = lane, score
         return best
@@ -207,13 +250,17 @@ class Dispatcher:
         return True
 
     def try_acquire(
-        self, model: str, avoid: Replica | None = None, past_pause: bool = False
+        self,
+        model: str,
+        avoid: Replica | None = None,
+        past_pause: bool = False,
+        key: int | None = None,
     ) -> Lane | None:
         if self._waiters.get((model, _RETRY)) or (
             not past_pause and self._waiters.get((model, _NEW))
         ):
             return None  # first come, first served
-        lane = self._pick(model, avoid, past_pause)
+        lane = self._pick(model, avoid, past_pause, key)
         if lane is not None:
             lane.in_use += 1
             if lane.endpoint.quota.active:
@@ -221,19 +268,24 @@ class Dispatcher:
         return lane
 
     async def acquire(
-        self, model: str, avoid: Replica | None = None, past_pause: bool = False
+        self,
+        model: str,
+        avoid: Replica | None = None,
+        past_pause: bool = False,
+        key: int | None = None,
     ) -> Lane:
         """A slot on a lane for ``model`` (``lane.in_use`` already counts it); waits while
         every usable lane is full or paused (``past_pause``: the caller already waited the
-        ``Retry-After`` it was given, so pauses do not hold it). Raises
+        ``Retry-After`` it was given, so pauses do not hold it; ``key``: the request's prefix
+        key, for affinity). Raises
         :class:`EndpointUnavailable` when every endpoint is ejected."""
-        lane = self.try_acquire(model, avoid, past_pause)
+        lane = self.try_acquire(model, avoid, past_pause, key)
         if lane is not None:
             return lane
         self._check_available()
         fut: asyncio.Future[Lane] = asyncio.get_running_loop().create_future()
         queue = self._waiters.setdefault((model, _RETRY if past_pause else _NEW), deque())
-        entry: Waiter = (avoid, fut)
+        entry: Waiter = (avoid, key, fut)
         queue.append(entry)
         self._grant(model)
         try:
@@ -269,11 +321,11 @@ class Dispatcher:
         for kind in (_RETRY, _NEW):
             queue = self._waiters.get((model, kind))
             while queue:
-                avoid, fut = queue[0]
+                avoid, key, fut = queue[0]
                 if fut.done():
                     queue.popleft()
                     continue
-                lane = self._pick(model, avoid, past_pause=kind == _RETRY)
+                lane = self._pick(model, avoid, kind == _RETRY, key)
                 if lane is None:
                     break
                 queue.popleft()
@@ -296,6 +348,7 @@ class Dispatcher:
         ep.failures = 0
         ep.recent.append(False)
         lane.succeeded += 1
+        lane.answered.append((sent_at, time.monotonic()))
         saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
         lane.control.on_success(sent_at, saturated)
         if lane.ramp != math.inf:
@@ -310,20 +363,22 @@ class Dispatcher:
         (the quota hold paces that; the concurrency limit is left alone). Otherwise an
         endpoint-wide throttle (see :meth:`endpoint_wide`) cuts the limit as a rate limit and
         pauses the endpoint for ``retry_after_s``; an isolated one shows the server's capacity
-        to the limit: the requests sent before it and still unanswered, which the server was
-        holding when it refused this one."""
+        to the limit: the requests it was serving when this one arrived
+        (:meth:`Lane.served_at`)."""
         lane.throttled += 1
         ep = lane.endpoint
         ep.recent.append(True)
         if quota_zero:
+            if retry_after_s is not None and retry_after_s > 0:
+                ep.quota.refused_until(time.monotonic(), retry_after_s)
             return
-        if self.endpoint_wide(ep):
+        if self.endpoint_wide(ep) and not lane.serving_since(max(sent_at, time.monotonic() - 1.0)):
             lane.control.on_throttle(sent_at)
             if retry_after_s is not None and retry_after_s > 0:
                 self.pause(ep, time.monotonic() + retry_after_s)
         else:
-            held = lane.held_before(sent_at) if lane.flying else lane.in_use - 1
-            lane.control.on_throttle(sent_at, in_flight_beside=held)
+            served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
+            lane.control.on_throttle(sent_at, served=served)
 
     @staticmethod
     def endpoint_wide(ep: Replica) -> bool:
@@ -374,7 +429,7 @@ class Dispatcher:
         # nobody can serve the queued attempts now: fail them so they back off and retry
         for queue in self._waiters.values():
             while queue:
-                _, fut = queue.popleft()
+                *_, fut = queue.popleft()
                 if not fut.done():
                     fut.set_exception(problem)
 

@@ -1,9 +1,12 @@
 """Requests-per-minute and tokens-per-minute limits of one endpoint (aiolimiter leaky buckets).
 
 - ``rpm``: each request takes 1 from a bucket of ``rpm`` per ``period_s``.
-- ``tpm``: each request takes its estimated token cost before it is sent (``prompt_chars / 4``
-  plus ``max_tokens``, else the mean ``completion_tokens`` seen so far), settled with the
-  answer's real ``usage.total_tokens`` afterwards (as curator does: curator #401, #300).
+- ``tpm``: each request takes its estimated token cost before it is sent (the prompt's
+  estimate, :func:`batchclient._core.prompt_tokens.estimate_prompt_tokens`, the one dry runs
+  use without a tokenizer: about 4 characters per token, token ids one each; plus
+  ``max_tokens``, else the mean ``completion_tokens`` seen so far), settled with the answer's
+  real ``usage.total_tokens`` afterwards (as curator does: curator #401, #300). No tokenizer
+  here: the estimate is charged on the hot path of every request, and the answer corrects it.
 - The buckets start full; one request never takes more than the whole budget, so it cannot wait
   forever. They live on the endpoint, so every call and every job of one client shares them
   (litellm #5783, #10875).
@@ -17,36 +20,9 @@ from typing import Any
 
 from aiolimiter import AsyncLimiter
 
-__all__ = ["RateBuckets", "estimate_prompt_tokens"]
+from .._core.prompt_tokens import estimate_prompt_tokens
 
-
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """About 4 characters per token over the text of the messages (and tool definitions), or
-    of a completions ``prompt`` / embeddings ``input``; token ids count one each."""
-    chars = 0
-    for key in ("prompt", "input"):
-        value = body.get(key)
-        items = (
-            value
-            if isinstance(value, list) and value and not isinstance(value[0], int)
-            else [value]
-        )
-        for item in items:
-            if isinstance(item, str):
-                chars += len(item)
-            elif isinstance(item, list):
-                chars += 4 * len(item)
-    for message in body.get("messages") or ():
-        if isinstance(message, dict):
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
-            chars += 16  # role and template tokens
-    if body.get("tools"):
-        chars += len(str(body["tools"]))
-    return max(1, chars // 4)
+__all__ = ["RateBuckets"]
 
 
 class RateBuckets:

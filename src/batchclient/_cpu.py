@@ -11,7 +11,8 @@ So when the caller has not set ``VLLM_CPU_OMP_THREADS_BIND``, batchclient binds 
 every core of this process's CPU affinity (``os.sched_getaffinity``), split evenly between the
 engine's workers (tensor x pipeline x data parallel ranks) in vLLM's ``"0-3|4-7"`` syntax. A
 caller who sets the variable (any value, ``auto`` and ``nobind`` included) keeps it. Nothing here
-imports vLLM.
+imports vLLM. Used by the inline engine, the Ray replicas (``distributed/_cores.py`` claims a
+group of cores per replica) and the benchmark harness.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from ._engine_defaults import choose_cores  # the rule lives there
 
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's environment variable for the compute threads' cores (``auto``, ``nobind``, or core
@@ -82,9 +85,8 @@ def default_mask(args: Mapping[str, Any], cores: Sequence[int] | None = None) ->
     """The binding batchclient gives an engine with ``args`` when ``VLLM_CPU_OMP_THREADS_BIND``
     is not set: every core of ``cores`` (default: this process's affinity), split between its
     workers. None when the variable is set (the caller's choice stands) or cores are too few."""
-    if os.environ.get(THREADS_BIND):
-        return None
-    return bind_mask(affinity() if cores is None else cores, engine_workers(args))
+    chosen = choose_cores(cores, cpu=True).value
+    return None if chosen is None else bind_mask(chosen, engine_workers(args))
 
 
 @contextlib.contextmanager

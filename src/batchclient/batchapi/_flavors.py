@@ -1,0 +1,325 @@
+"""The OpenAI-shaped Batch APIs that differ from OpenAI's in small ways, normalised in one place.
+
+``BatchAPI`` speaks OpenAI's Files + Batch shape; a *flavour* says how one provider departs from
+it, and every departure is translated here so the runner only ever sees OpenAI's ``Batch``
+object (lower-case statuses, Unix timestamps, ``request_counts``, ``errors.data``):
+
+- ``openai``: OpenAI itself, and any server that copies it (``batchclient serve``, vLLM).
+- ``together``: Together AI. Files are uploaded with purpose ``batch-api``; statuses are
+  upper-case (``VALIDATING``, ``IN_PROGRESS``, ``COMPLETED``, ``FAILED``, ``EXPIRED``,
+  ``CANCELLED``); timestamps are ISO-8601 strings (``job_deadline`` is the expiry); a create is
+  answered ``{"job": {...}, "warning": ...}``; ``GET /batches`` answers a bare JSON array (no
+  paging); a batch has no ``metadata`` and no ``request_counts`` (only ``progress`` in percent);
+  the window is fixed at 24 h.
+- ``groq``: GroqCloud (``https://api.groq.com/openai/v1``). OpenAI's shape; the window may be
+  anything from 24 h to 7 d. Its list call takes no paging parameters in its own SDK: the pager
+  follows ``has_more`` / ``last_id`` (a cursor) when they are sent and stops otherwise.
+- ``mistral``: Mistral AI's batch jobs (``/batch/jobs``): ``{"input_files": [...], "model",
+  "endpoint", "metadata", "timeout_hours"}`` on create (the model is read from the file's first
+  line), states ``QUEUED``, ``RUNNING``, ``SUCCESS``, ``FAILED``, ``TIMEOUT_EXCEEDED``,
+  ``CANCELLATION_REQUESTED``, ``CANCELLED``; ``output_file`` / ``error_file``;
+  ``total_requests`` / ``succeeded_requests`` / ``failed_requests``; pages numbered from 0 with
+  ``page_size`` and ``total``.
+
+A status no table knows is read as ``in_progress`` (logged once per status): the batch keeps
+being polled, and the local job's window bounds the wait; an unknown word never ends a batch
+early or crashes the client. ``docs/batch-api.md`` lists what was verified against each
+provider's reference and what is assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from ..jobs import parse_window
+
+__all__ = [
+    "FLAVORS",
+    "PRICE_NOTES",
+    "Flavor",
+    "FlavorSpec",
+    "check_window",
+    "detect_flavor",
+    "flavor_of",
+]
+
+log = logging.getLogger("batchclient.batchapi")
+
+Flavor = Literal["openai", "together", "groq", "mistral"]
+
+_DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class FlavorSpec:
+    """What one flavour needs: where its calls go and how its answers read.
+
+    ``max_lines`` / ``max_bytes``: its limits for one batch input file (the client's defaults).
+    ``windows``: the shortest and longest ``completion_window`` in seconds it accepts (None:
+    any). ``hours``: the window is sent as whole hours (``timeout_hours``).
+    """
+
+    name: Flavor
+    hosts: tuple[str, ...]
+    purpose: str
+    batches: str
+    max_lines: int
+    max_bytes: int
+    windows: tuple[float, float] | None
+    statuses: Mapping[str, str]
+    metadata: bool = True
+    needs_model: bool = False
+
+
+_OPENAI_STATUSES = {
+    s: s
+    for s in (
+        "validating", "in_progress", "finalizing", "completed", "failed", "cancelling",
+        "cancelled", "expired",
+    )
+}  # fmt: skip
+
+FLAVORS: dict[str, FlavorSpec] = {
+    "openai": FlavorSpec(
+        "openai", ("api.openai.com",), "batch", "/batches", 50_000, 200 * 1024 * 1024,
+        None, _OPENAI_STATUSES,
+    ),
+    "together": FlavorSpec(
+        "together", ("api.together.xyz", "api.together.ai"), "batch-api", "/batches",
+        50_000, 100 * 1024 * 1024, (_DAY, _DAY),
+        {
+            "VALIDATING": "validating", "IN_PROGRESS": "in_progress", "COMPLETED": "completed",
+            "FAILED": "failed", "EXPIRED": "expired", "CANCELLED": "cancelled",
+            "CANCELLING": "cancelling",
+        },
+        metadata=False,
+    ),
+    "groq": FlavorSpec(
+        "groq", ("api.groq.com",), "batch", "/batches", 50_000, 100 * 1024 * 1024,
+        (_DAY, 7 * _DAY), _OPENAI_STATUSES,
+    ),
+    "mistral": FlavorSpec(
+        "mistral", ("api.mistral.ai",), "batch", "/batch/jobs", 50_000, 100 * 1024 * 1024,
+        (3600.0, 7 * _DAY),
+        {
+            "QUEUED": "validating", "RUNNING": "in_progress", "SUCCESS": "completed",
+            "FAILED": "failed", "TIMEOUT_EXCEEDED": "expired",
+            "CANCELLATION_REQUESTED": "cancelling", "CANCELLED": "cancelled",
+        },
+        needs_model=True,
+    ),
+}  # fmt: skip
+"""Every flavour by name."""
+
+
+PRICE_NOTES: dict[str, str] = {
+    "openai": "OpenAI: half the list price",
+    "together": "Together: up to 50% off serverless rates, on the models it lists",
+    "groq": "Groq: 25% off on-demand prices, per its batch guide",
+    "mistral": "Mistral: half the list price, as announced",
+    "anthropic-batch": "Anthropic Message Batches: half the list price",
+    "gemini-batch": "Gemini Batch API: half the live price",
+}
+"""What each provider (a flavour, or ``--provider`` for Anthropic and Gemini) says its
+batch discount is, for the dry run (check the current price list: discounts change)."""
+
+
+def detect_flavor(base_url: str) -> Flavor:
+    """The flavour a base URL's host names (``api.together.xyz`` -> ``together``, ...);
+    ``openai`` for any other host."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    for spec in FLAVORS.values():
+        if host in spec.hosts:
+            return spec.name
+    return "openai"
+
+
+def flavor_of(flavor: str | None, base_url: str) -> FlavorSpec:
+    """The flavour given (checked), or the one the base URL names when None.
+
+    Raises:
+        ConfigurationError: an unknown flavour name.
+    """
+    if flavor is None:
+        return FLAVORS[detect_flavor(base_url)]
+    spec = FLAVORS.get(flavor.lower())
+    if spec is None:
+        raise ConfigurationError(
+            f"unknown flavor {flavor!r}: the flavors are {', '.join(get_args(Flavor))}"
+        )
+    return spec
+
+
+def check_window(spec: FlavorSpec, window: str, base_url: str) -> float:
+    """``window`` in seconds, if the flavour accepts it.
+
+    Raises:
+        ConfigurationError: a window that is not ``<number><s|m|h|d>``, or one the flavour
+            refuses (OpenAI's own host: only 24 h; Together: only 24 h; Groq: 24 h to 7 d;
+            Mistral: whole hours up to 7 d).
+    """
+    try:
+        seconds = parse_window(window)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    bounds = spec.windows
+    if spec.name == "openai" and detect_flavor(base_url) == "openai":
+        host = (urlsplit(base_url).hostname or "").lower()
+        bounds = (_DAY, _DAY) if host in spec.hosts else None  # other servers: their rules
+    if bounds is not None and not bounds[0] <= seconds <= bounds[1]:
+        low, high = (_span(b) for b in bounds)
+        allowed = f"only {low}" if low == high else f"from {low} to {high}"
+        raise ConfigurationError(f"completion_window {window!r}: {spec.name} accepts {allowed}")
+    if spec.name == "mistral" and seconds % 3600:
+        raise ConfigurationError(
+            f"completion_window {window!r}: mistral takes whole hours (timeout_hours)"
+        )
+    return seconds
+
+
+def _span(seconds: float) -> str:
+    if seconds >= _DAY and seconds % _DAY == 0:
+        return f"{seconds / _DAY:g}d"
+    return f"{seconds / 3600:g}h"
+
+
+# ---------------------------------------------------------------------- requests
+
+
+def create_body(
+    spec: FlavorSpec,
+    input_file_id: str,
+    endpoint: str,
+    window: str,
+    metadata: dict[str, str],
+    model: str | None,
+) -> dict[str, Any]:
+    """The JSON body of a create in the flavour's words."""
+    if spec.name == "mistral":
+        body: dict[str, Any] = {
+            "input_files": [input_file_id],
+            "endpoint": endpoint,
+            "model": model,
+            "metadata": metadata,
+            "timeout_hours": max(1, round(parse_window(window) / 3600)),
+        }
+        return body
+    body = {"input_file_id": input_file_id, "endpoint": endpoint, "completion_window": window}
+    if spec.metadata:
+        body["metadata"] = metadata
+    return body
+
+
+def list_params(spec: FlavorSpec, cursor: str | None, page_size: int) -> dict[str, str]:
+    """The query of one ``GET`` of the batch list (``cursor``: what :func:`read_page` gave)."""
+    if spec.name == "mistral":
+        return {"page": cursor or "0", "page_size": str(page_size)}
+    if spec.name == "together":
+        return {}
+    return {"limit": str(page_size), **({"after": cursor} if cursor else {})}
+
+
+def read_page(
+    spec: FlavorSpec, page: object, cursor: str | None, page_size: int
+) -> tuple[list[Any], str | None]:
+    """A list answer's entries and the cursor of the next page (None: this was the last)."""
+    if isinstance(page, list):  # Together: the whole list, unpaged
+        return page, None
+    if not isinstance(page, dict):  # (a bare array arrives wrapped as {"data": [...]})
+        return [], None
+    entries = page.get("data")
+    if not isinstance(entries, list) or not entries:
+        return [], None
+    if spec.name == "mistral":
+        number = int(cursor or "0")
+        total = page.get("total")
+        more = isinstance(total, int) and (number + 1) * page_size < total
+        return entries, str(number + 1) if more else None
+    if not page.get("has_more"):
+        return entries, None
+    last = page.get("last_id")
+    if not isinstance(last, str) or not last:
+        tail = entries[-1]
+        last = str(tail.get("id")) if isinstance(tail, dict) and tail.get("id") else None
+    return entries, last
+
+
+# ---------------------------------------------------------------------- answers
+
+
+def normalize(spec: FlavorSpec, data: dict[str, Any]) -> dict[str, Any]:
+    """A flavour's batch object as OpenAI's ``Batch`` (a new dict; ``data`` is not changed)."""
+    if spec.name == "together" and isinstance(data.get("job"), dict):
+        if data.get("warning"):
+            log.warning("together: %s", str(data["warning"])[:300])
+        data = data["job"]
+    out = dict(data)
+    for key, value in data.items():
+        if key.endswith(("_at", "_deadline")) and isinstance(value, str):
+            out[key] = _epoch(value)
+    out["status"] = status_of(spec, data.get("status"))
+    if spec.name == "together":
+        if "job_deadline" in out and "expires_at" not in out:
+            out["expires_at"] = out["job_deadline"]
+        if isinstance(data.get("error"), str) and data["error"]:
+            out["errors"] = {"data": [{"code": "batch_failed", "message": data["error"]}]}
+    elif spec.name == "mistral":
+        files = data.get("input_files")
+        if isinstance(files, list) and files:
+            out["input_file_id"] = str(files[0])
+        out["output_file_id"] = data.get("output_file")
+        out["error_file_id"] = data.get("error_file")
+        out["request_counts"] = {
+            "total": _int(data.get("total_requests")),
+            "completed": _int(data.get("succeeded_requests")),
+            "failed": _int(data.get("failed_requests")),
+        }
+        errors = data.get("errors")
+        if isinstance(errors, list):
+            out["errors"] = {
+                "data": [
+                    {"code": "batch_failed", "message": str(e.get("message"))}
+                    for e in errors
+                    if isinstance(e, dict)
+                ]
+            }
+    return out
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def status_of(spec: FlavorSpec, status: object) -> str:
+    """A flavour's status word as OpenAI's; an unknown one is ``in_progress`` (logged once):
+    polling goes on and the local window bounds the wait."""
+    text = str(status)
+    known = spec.statuses.get(text) or spec.statuses.get(text.upper())
+    if known is None and text.lower() in _OPENAI_STATUSES:
+        known = text.lower()
+    if known is None:
+        if (spec.name, text) not in _warned:
+            _warned.add((spec.name, text))
+            log.warning(
+                "%s: unknown batch status %r, read as in_progress (polling goes on)",
+                spec.name,
+                text,
+            )
+        return "in_progress"
+    return known
+
+
+def _epoch(text: str) -> int | None:
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0

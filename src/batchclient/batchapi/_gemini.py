@@ -1,0 +1,427 @@
+"""The Gemini Batch API (Developer API) as a remote batch backend, on the ``google-genai`` SDK.
+
+Wire (what ``client.aio.batches`` / ``client.aio.files`` send): a part of at most
+``inline_bytes`` goes inline (``models/{model}:batchGenerateContent`` with
+``inputConfig.requests``, each request's ``metadata.key`` its wire id); a larger one is uploaded
+as a JSONL of ``{"key", "request"}`` lines (resumable ``upload/{version}/files``) and created
+with ``inputConfig.fileName``. The batch carries its job and part in ``displayName``, so a
+create whose answer was lost is found again in ``GET batches``. Polls read ``JOB_STATE_*`` (the
+REST ``BATCH_STATE_*``) and ``batchStats``. Results: ``inlinedResponses``
+(by ``metadata.key``) or the ``responsesFile`` (lines by ``key``), in any order, each answer
+translated to a ``chat.completion`` (:mod:`._gemini_translate`).
+
+Per-request errors are ``google.rpc.Status`` objects: ``UNAVAILABLE``, ``INTERNAL``,
+``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable (submitted again while attempts
+are left), the others final. The SDK's own retries are off: every retry is the runner's, so a
+429's ``Retry-After`` reaches the backoff.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import orjson
+from anyio import to_thread
+
+from .._core.decode import http_error
+from .._core.request import Result, failed
+from .._routing.retry import parse_retry_after
+from .._routing.settings import RetryPolicy
+from ..errors import ConfigurationError, ErrorCode
+from ..jobs import RequestLine
+from ._api import ApiError, Retrier
+from ._backend import RemoteState, error_line, ok_line, wire_id
+from ._gemini_translate import Unsupported, status_of, to_completion, to_request
+from ._parts import Limits, private_file
+
+if TYPE_CHECKING:
+    from google import genai
+
+__all__ = ["GEMINI_URL", "INLINE_BYTES", "INLINE_CAP", "MAX_BYTES", "MAX_LINES", "GeminiBackend"]
+
+GEMINI_URL = "https://generativelanguage.googleapis.com"
+MAX_BYTES = int(0.95 * 2 * 1024**3)
+"""95% of Gemini's 2 GB cap on a batch input file."""
+INLINE_CAP = int(0.95 * 20 * 1024**2)
+"""95% of Gemini's 20 MB cap on an inline batch request: the most ``inline_bytes`` may be."""
+INLINE_BYTES = 1024**2
+"""Parts up to this size go inline by default. Inline requests pass through the SDK's pydantic
+types both ways, which costs far more than an upload: 10,000 short requests (3.5 MB) took
+28-38 s inline against 6.5-8 s as an uploaded file, at 123 MiB above the baseline against
+72 MiB (``bench/gemini_batch.py``). Small parts go inline: one call fewer."""
+MAX_LINES = 100_000
+"""Requests in one remote batch: Gemini documents no count cap; smaller batches finish (and
+are resubmitted) in smaller pieces."""
+
+_CHAT = "/v1/chat/completions"
+_RETRYABLE_STATUS = frozenset(
+    {"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
+)
+_TRANSIENT_HTTP = frozenset({408, 409, 429, 500, 502, 503, 504})
+_RUNNING = frozenset(
+    {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
+    | {"JOB_STATE_PAUSED", "JOB_STATE_UPDATING"}
+)
+
+
+def _display_name(marks: dict[str, str]) -> str:
+    job = marks.get("batchclient_job", "")
+    part = marks.get("batchclient_part", "0")
+    return f"batchclient {job} part {part}"
+
+
+def _api_error(what: str, exc: BaseException, cap_s: float) -> ApiError:
+    """An SDK or transport failure as an :class:`ApiError` the runner can retry (a
+    ``Retry-After`` honoured up to ``cap_s`` seconds)."""
+    from google.genai import errors
+
+    if isinstance(exc, errors.APIError):
+        code = int(exc.code or 0)
+        headers = getattr(exc.response, "headers", None)
+        wait = parse_retry_after(
+            headers.get("Retry-After") if headers is not None else None, cap_s=cap_s
+        )
+        return ApiError(
+            f"{what}: HTTP {code}: {exc.message or exc.status or ''}",
+            status=code or None,
+            transient=code in _TRANSIENT_HTTP,
+            retry_after_s=wait,
+        )
+    return ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
+
+
+class GeminiBackend:
+    """One Gemini API endpoint as a :class:`~._backend.RemoteBatchBackend`.
+
+    Args: as :class:`~batchclient.GeminiBatchInference` (``api_key`` resolved already).
+    ``limits`` and ``inline_bytes`` (parts up to this size go inline) may be set after.
+    """
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        base_url: str | None = None,
+        poll_interval: float = 30.0,
+        timeout: float = 600.0,
+        max_retries: int = 8,
+        retry: RetryPolicy = RetryPolicy(),
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be > 0 seconds")
+        if max_retries < 0 or timeout <= 0:
+            raise ConfigurationError("max_retries must be >= 0 and timeout > 0 seconds")
+        url = (base_url or GEMINI_URL).rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
+        self.base_url = url
+        self.limits = Limits(MAX_LINES, MAX_BYTES)
+        self.inline_bytes = INLINE_BYTES
+        self.retrier = Retrier(max_retries, retry)
+        self.poll_interval_s = poll_interval
+        self._api_key = api_key
+        self._timeout = timeout
+        self._headers = dict(headers or {})
+        self._client: genai.Client | None = None
+        self._keyed_inline = True
+
+    def identity(self) -> dict[str, Any]:
+        return {"provider": "gemini-batch", "base_url": self.base_url}
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        try:
+            from google import genai
+            from google.genai import types
+        except ImportError:
+            raise ConfigurationError(
+                "GeminiBatchInference needs the google-genai SDK: pip install 'batchclient[gemini]'"
+            ) from None
+        options = types.HttpOptions(
+            base_url=self.base_url + "/",
+            timeout=int(self._timeout * 1000),  # milliseconds
+            headers=self._headers or None,
+        )
+        self._client = genai.Client(api_key=self._api_key, http_options=options)
+        # Inline answers are matched to requests by metadata.key; an SDK whose InlinedResponse
+        # drops metadata cannot tell them apart, so every part goes as a file there
+        self._keyed_inline = "metadata" in types.InlinedResponse.model_fields
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aio.aclose()
+
+    def _error(self, what: str, exc: BaseException) -> ApiError:
+        return _api_error(what, exc, self.retrier.retry.retry_after_cap_s)
+
+    def _aio(self) -> Any:
+        if self._client is None:
+            raise ConfigurationError("the Gemini backend is not started")
+        return self._client.aio
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, line: RequestLine, endpoint: str) -> bytes | Result:
+        if endpoint != _CHAT:
+            return failed(
+                ErrorCode.unsupported_parameter,
+                f"the Gemini Batch API serves {_CHAT} only, not {endpoint}",
+                param="url",
+            )
+        model = line.body.get("model")
+        if not isinstance(model, str) or not model:
+            return failed(ErrorCode.invalid_request, "the request has no model", param="model")
+        try:
+            request = to_request(line.body)
+        except Unsupported as exc:
+            return failed(ErrorCode.unsupported_parameter, exc.message, param=exc.param)
+        request["model"] = (
+            model if model.startswith(("models/", "tunedModels/")) else f"models/{model}"
+        )
+        return orjson.dumps({"key": wire_id(line), "request": request}) + b"\n"
+
+    async def submit(self, path: Path, lines: int, marks: dict[str, str]) -> str:
+        from google.genai import types
+
+        size = (await anyio.Path(path).stat()).st_size
+        config = types.CreateBatchJobConfig(display_name=_display_name(marks))
+        src: list[Any] | str
+        if size <= self.inline_bytes and self._keyed_inline:
+            model, src = await to_thread.run_sync(_inline_requests, path)
+            what = f"create an inline batch of {lines} requests"
+        else:
+            model = await to_thread.run_sync(_first_model, path)
+            src = await self._upload(path, marks)
+            what = f"create a batch from {src}"
+        try:
+            job = await self._aio().batches.create(model=model, src=src, config=config)
+        except Exception as exc:
+            raise self._error(what, exc) from None
+        if not job.name:
+            raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
+        return str(job.name)
+
+    async def _upload(self, path: Path, marks: dict[str, str]) -> str:
+        async def once() -> str:
+            config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
+            try:
+                uploaded = await self._aio().files.upload(file=str(path), config=config)
+            except Exception as exc:
+                raise self._error("upload the batch input file", exc) from None
+            if not uploaded.name:
+                raise ApiError("upload: the answer names no file", status=200, transient=True)
+            return str(uploaded.name)
+
+        return await self.retrier.call(once)
+
+    async def find(self, marks: dict[str, str], lines: int, since: float) -> str | None:
+        name = _display_name(marks)
+        try:
+            pager = await self._aio().batches.list(config={"page_size": 100})
+            seen = 0
+            async for job in pager:
+                if job.display_name == name:
+                    return str(job.name)
+                seen += 1
+                if seen >= 2000:  # newest first: an older batch is no lost create of ours
+                    return None
+        except Exception as exc:
+            raise self._error("list batches", exc) from None
+        return None
+
+    # ------------------------------------------------------------------ state and results
+
+    async def _get(self, remote_id: str) -> Any:
+        try:
+            return await self._aio().batches.get(name=remote_id)
+        except Exception as exc:
+            raise self._error(f"get {remote_id}", exc) from None
+
+    async def poll(self, remote_id: str) -> RemoteState:
+        state, counts = await self._state(remote_id)
+        if state in _RUNNING:
+            return RemoteState("in_progress", *counts)
+        if state == "JOB_STATE_CANCELLING":
+            return RemoteState("cancelling", *counts)
+        # Only a succeeded batch answered everything; the others return what they answered.
+        return RemoteState(
+            "ended",
+            *counts,
+            cancelled=state == "JOB_STATE_CANCELLED",
+            partial=state != "JOB_STATE_SUCCEEDED",
+        )
+
+    async def _state(self, remote_id: str) -> tuple[str, tuple[int, int]]:
+        """The batch's ``JOB_STATE_*`` and its (succeeded, failed) request counts.
+
+        The SDK's ``BatchJob`` drops ``batchStats`` in Developer API mode, so the poll reads the
+        operation's JSON through the SDK's own transport (same key, base URL, errors); an SDK
+        without that method falls back to ``batches.get`` and counts that arrive at the end.
+        """
+        api = getattr(self._aio(), "_api_client", None)
+        if api is None or not hasattr(api, "async_request"):
+            job = await self._get(remote_id)
+            return (job.state.value if job.state is not None else "JOB_STATE_UNSPECIFIED"), (0, 0)
+        try:
+            response = await api.async_request("get", remote_id, {})
+        except Exception as exc:
+            raise self._error(f"get {remote_id}", exc) from None
+        try:
+            meta = orjson.loads(response.body or b"{}").get("metadata") or {}
+            stats = meta.get("batchStats") or {}
+            counts = (
+                int(stats.get("successfulRequestCount") or 0),
+                int(stats.get("failedRequestCount") or 0),
+            )
+            # the REST API says BATCH_STATE_*, the SDK's JobState JOB_STATE_*: one name here
+            state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
+        except (ValueError, TypeError, AttributeError):
+            raise ApiError(
+                f"get {remote_id}: the answer is not a batch operation", status=200, transient=True
+            ) from None
+        return state or "JOB_STATE_UNSPECIFIED", counts
+
+    async def results(self, remote_id: str, dest: Path) -> None:
+        job = await self._get(remote_id)
+        state = job.state.value if job.state is not None else ""
+        out = job.dest
+        if out is not None and out.inlined_responses is not None:
+            rows = [(r.metadata or {}, r.response, r.error) for r in out.inlined_responses]
+            await to_thread.run_sync(_write_inline, rows, str(job.model or ""), dest)
+            return
+        if out is not None and out.file_name:
+            raw = dest.with_name(dest.name + ".raw")
+            try:
+                await self._download(out.file_name, raw)
+                await to_thread.run_sync(_write_file, raw, str(job.model or ""), dest)
+            finally:
+                await anyio.Path(raw).unlink(missing_ok=True)
+            return
+        if state in ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"):
+            error = job.error.message if job.error is not None else "no results"
+            raise ApiError(f"the remote batch {remote_id} ended {state} without results: {error}")
+        await to_thread.run_sync(lambda: private_file(dest).close())  # nothing ran
+
+    async def _download(self, file_name: str, dest: Path) -> None:
+        files = self._aio().files
+        streams = "destination" in inspect.signature(files.download).parameters
+
+        async def once() -> None:
+            try:
+                with private_file(dest) as f:
+                    if streams:
+                        await files.download(file=file_name, destination=f)
+                    else:  # SDKs before download(destination=) hand the whole file back
+                        f.write(await files.download(file=file_name))
+            except Exception as exc:
+                raise self._error(f"download {file_name}", exc) from None
+
+        await self.retrier.call(once)
+
+    async def cancel(self, remote_id: str) -> None:
+        try:
+            await self._aio().batches.cancel(name=remote_id)
+        except Exception as exc:
+            raise self._error(f"cancel {remote_id}", exc) from None
+
+
+# ---------------------------------------------------------------------------- file helpers
+
+
+def _first_model(path: Path) -> str:
+    """The part's model: every request of a job names the same one (a batch file with two
+    models fails validation, ``mismatched_model``), as a Gemini batch runs one model."""
+    with path.open("rb") as f:
+        return str(orjson.loads(f.readline())["request"]["model"])
+
+
+def _inline_requests(path: Path) -> tuple[str, list[Any]]:
+    """The part file's requests as the SDK's ``InlinedRequest`` objects (its ``config`` carries
+    what the SDK moves back into the request: ``generationConfig`` fields, ``systemInstruction``,
+    ``tools``, ``toolConfig``); and the first request's model."""
+    from google.genai import types
+
+    requests: list[Any] = []
+    model = ""
+    with path.open("rb") as f:
+        for raw in f:
+            line = orjson.loads(raw)
+            request = dict(line["request"])
+            own = request.pop("model")
+            model = model or own
+            config = dict(request.pop("generationConfig", {}))
+            for key in ("systemInstruction", "tools", "toolConfig"):
+                if key in request:
+                    config[key] = request.pop(key)
+            requests.append(
+                types.InlinedRequest(
+                    model=own,
+                    contents=request.pop("contents"),
+                    metadata={"key": line["key"]},
+                    config=types.GenerateContentConfig.model_validate(config) if config else None,
+                )
+            )
+    return model, requests
+
+
+def _normalised(key: str, response: Any, error: Any, model: str) -> bytes:
+    if isinstance(error, dict) and error:
+        status = str(error.get("status") or "")
+        message = str(error.get("message") or "the remote batch reported an error")
+        http = status_of(error)
+        retryable = status in _RETRYABLE_STATUS or http in (429, 500, 503, 504)
+        code = http_error(http, message).error
+        assert code is not None
+        return error_line(key, code.code, f"{status or http}: {message}", retryable=retryable)
+    if not isinstance(response, dict):
+        return error_line(key, ErrorCode.bad_upstream_response.value, "no response and no error")
+    return ok_line(key, to_completion(response, model.removeprefix("models/"), key))
+
+
+def _write_inline(rows: list[tuple[dict[str, str], Any, Any]], model: str, dest: Path) -> None:
+    with private_file(dest) as out:
+        for metadata, response, error in rows:
+            key = metadata.get("key")
+            if key is None:
+                continue
+            body = (
+                response.model_dump(mode="json", by_alias=True, exclude_none=True)
+                if response
+                else None
+            )
+            err = error.model_dump(mode="json", exclude_none=True) if error else None
+            out.write(_normalised(key, body, err, model))
+
+
+def _write_file(raw: Path, model: str, dest: Path) -> None:
+    with raw.open("rb") as src, private_file(dest) as out:
+        for line in src:
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # its request reads as missing: a bad_upstream_response item
+            if isinstance(obj, dict) and isinstance(obj.get("key"), str):
+                out.write(_normalised(obj["key"], obj.get("response"), obj.get("error"), model))
+
+
+def resolve_key(api_key: str | None) -> str:
+    """``api_key``, else ``$GEMINI_API_KEY``, else ``$GOOGLE_API_KEY``.
+
+    Raises:
+        ConfigurationError: none of them is set.
+    """
+    key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
+    if not key:
+        raise ConfigurationError(
+            "no Gemini API key: pass api_key= or set GEMINI_API_KEY (or GOOGLE_API_KEY)"
+        )
+    return key

@@ -1,0 +1,134 @@
+"""Who runs a job, and whether that process is still alive, without trusting a pid.
+
+A running job's row names its ``owner`` (``host:pid:token``, the token random per job manager,
+so a manager started again has another one even with the same pid, as PID 1 in a container
+always has). Each job manager holds an exclusive ``flock`` on ``owners/<token>.lock`` in the
+state directory for as long as it is open, and records with its leases ``owner_kernel``, the
+kernel's boot id of its machine, only when it holds that lock. The kernel drops the lock when
+the process dies, SIGKILL included, whatever pid namespace it ran in, so another process on the
+same kernel knows for sure: a lock that can be taken, or a lock file that is gone, is a dead
+owner, at once (:func:`owner_gone`).
+
+Where the lock cannot tell (another machine on a network file system, a row from before the
+lock files, a state directory where the lock file could not be made), the rules are the old
+ones: a dead pid on this host, or a heartbeat older than the lease. A held lock whose heartbeat
+is older than the lease is still orphaned: a process forked from the owner (which inherits the
+lock) must not keep its jobs forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import socket
+from pathlib import Path
+
+OWNERS_DIR = "owners"
+"""The folder of the owners' lock files, in the state directory."""
+
+
+def kernel_boot_id() -> str | None:
+    """The running kernel's boot id (Linux), shared by every container on the machine and new
+    at each boot; None where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def new_owner() -> str:
+    """A fresh owner name: ``host:pid:token`` (96 random bits)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(12)}"
+
+
+def _lock_path(state_dir: Path, owner: str) -> Path | None:
+    token = owner.rsplit(":", 1)[-1]
+    if not token or not all(c in "0123456789abcdef" for c in token):
+        return None  # not a name this module made: never a path from it
+    return state_dir / OWNERS_DIR / f"{token}.lock"
+
+
+def hold(fd: int) -> None:
+    """Lock an open file for as long as it stays open, so that :func:`remove_if_unlocked`
+    leaves it alone (a file system without ``flock``: nothing)."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+class OwnerLock:
+    """The lock that says "``owner`` is alive" while this process holds it (blocking calls)."""
+
+    def __init__(self, state_dir: Path, owner: str) -> None:
+        self.path = _lock_path(state_dir, owner)
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Create and lock the file; False (and no lock) when the folder is not writable."""
+        if self.path is None:
+            return False
+        try:
+            self.path.parent.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is None or self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # before unlocking: a checker never finds a free lock of ours
+        os.close(self._fd)
+        self._fd = None
+
+
+def owner_gone(state_dir: Path, owner: str) -> bool | None:
+    """Whether ``owner``, which took its lease holding its lock file, is dead: True (the lock
+    was free: the file is removed; or the file is gone already), False (held: alive, or a
+    child it forked is), None (the file cannot be asked)."""
+    path = _lock_path(state_dir, owner)
+    if path is None:
+        return None
+    gone = remove_if_unlocked(path)
+    if gone is None and not path.exists():
+        return True  # its owner removed it on closing, or a sweep after its death did
+    return gone
+
+
+def remove_if_unlocked(path: Path) -> bool | None:
+    """Remove ``path`` if no process holds a ``flock`` on it: True (removed), False (held),
+    None (it could not be opened or locked: left alone)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return None  # a file system without flock: it cannot tell
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return True
+    finally:
+        os.close(fd)
+
+
+def sweep_owner_locks(state_dir: Path) -> int:
+    """Remove the lock files of dead owners (left by SIGKILL); the number removed."""
+    folder = state_dir / OWNERS_DIR
+    try:
+        paths = [p for p in folder.iterdir() if p.suffix == ".lock"]
+    except OSError:
+        return 0
+    return sum(remove_if_unlocked(p) is True for p in paths)

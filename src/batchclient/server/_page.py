@@ -1,0 +1,197 @@
+"""The status page at ``/``: the signed-in tenant's batches (:mod:`._page_render`).
+
+An ASGI middleware outside :class:`~._middleware.Authenticate` answers ``GET /``,
+``POST /signin`` and ``POST /signout`` itself and hands every other request on:
+
+- without keys there is one tenant and no sign-in: ``GET /`` shows its batches;
+- with keys, ``GET /`` shows the batches of the tenant of the request's session cookie (or of
+  its ``Authorization: Bearer`` header), else the sign-in form. The form POSTs the key in the
+  body; a right key gets a cookie holding a random session token (never the key, nor anything
+  derived from it) that is ``HttpOnly``, ``SameSite=Strict``, ``Path=/`` (and ``Secure`` over
+  HTTPS), valid :data:`SESSION_S` seconds; the server keeps ``token -> tenant`` in memory, so a
+  restart signs everyone out. The cookie opens only this page, never an API route, so a page
+  elsewhere cannot use it to act on the API.
+
+Answers carry ``Cache-Control: no-store`` and a content security policy allowing no script.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from urllib.parse import parse_qs
+
+from anyio import to_thread
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..jobs import JobManager
+from ._page_render import Capacity, LineError, sign_in_page, status_page
+from ._tenants import Tenant, Tenants
+
+COOKIE = "batchclient_session"
+SESSION_S = 12 * 3600
+"""How long a sign-in lasts."""
+MAX_SESSIONS = 10_000
+"""Sessions kept at most (the oldest are forgotten first)."""
+MAX_FORM_BYTES = 4096
+PAGE_BATCHES = 50
+"""Batches shown, newest first."""
+ERRORS_PER_BATCH = 3
+"""Failed lines shown per batch (its first ones)."""
+
+_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with the
+    # sign-in form, which the server's origin check refuses like any foreign page
+    "Referrer-Policy": "same-origin",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+
+class Sessions:
+    """``token -> (tenant id, expiry)``, in memory."""
+
+    def __init__(self) -> None:
+        self._by_token: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def open(self, tenant: str) -> str:
+        token = secrets.token_urlsafe(32)
+        self._by_token[token] = (tenant, time.monotonic() + SESSION_S)
+        while len(self._by_token) > MAX_SESSIONS:
+            self._by_token.popitem(last=False)
+        return token
+
+    def tenant(self, token: str | None) -> str | None:
+        if not token:
+            return None
+        found = self._by_token.get(token)
+        if found is None:
+            return None
+        tenant, expires = found
+        if expires < time.monotonic():
+            del self._by_token[token]
+            return None
+        return tenant
+
+    def close(self, token: str | None) -> None:
+        if token:
+            self._by_token.pop(token, None)
+
+
+class StatusPage:
+    def __init__(self, app: ASGIApp, tenants: Tenants) -> None:
+        self.app = app
+        self.tenants = tenants
+        self.sessions = Sessions()
+        self._by_id = {t.id: t for t in tenants.tenants}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (scope.get("method"), _route_path(scope))
+        if scope["type"] != "http" or route not in _ROUTES:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        response = await getattr(self, _ROUTES[route])(request)
+        response.headers.update(_HEADERS)
+        await response(scope, receive, send)
+
+    async def page(self, request: Request) -> Response:
+        if not self.tenants.keyed:
+            return await self._render(self.tenants.tenants[0], signed_in=False)
+        tenant_id = self.sessions.tenant(request.cookies.get(COOKIE))
+        tenant = self._by_id.get(tenant_id) if tenant_id else None
+        if tenant is not None:
+            return await self._render(tenant, signed_in=True)
+        header = request.headers.get("authorization")
+        tenant = self.tenants.authenticate(header.encode() if header is not None else None)
+        if header is not None and tenant is not None:
+            return await self._render(tenant, signed_in=False)
+        return HTMLResponse(sign_in_page())
+
+    async def sign_in(self, request: Request) -> Response:
+        if not self.tenants.keyed:
+            return RedirectResponse(scope_root(request) + "/", status_code=303)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return HTMLResponse(sign_in_page("That form was too long."), status_code=413)
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+        key = (fields.get("key") or [""])[0].strip()
+        tenant = self.tenants.authenticate(b"Bearer " + key.encode()) if key else None
+        if tenant is None:
+            return HTMLResponse(sign_in_page("That key is not valid here."), status_code=401)
+        response = RedirectResponse(scope_root(request) + "/", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            self.sessions.open(tenant.id),
+            max_age=SESSION_S,
+            path=scope_root(request) + "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def sign_out(self, request: Request) -> Response:
+        self.sessions.close(request.cookies.get(COOKIE))
+        response = RedirectResponse(scope_root(request) + "/", status_code=303)
+        response.delete_cookie(
+            COOKIE, path=scope_root(request) + "/", httponly=True, samesite="strict"
+        )
+        return response
+
+    async def _render(self, tenant: Tenant, *, signed_in: bool) -> Response:
+        client = tenant.client
+        batches = await client.batches.list(limit=PAGE_BATCHES)
+        failing = [b.id for b in batches if b.request_counts.failed]
+        errors = await _first_errors(client._manager(), failing) if failing else {}
+        gate = self.tenants.gate
+        capacity = Capacity(
+            in_flight=gate.held(tenant.id),
+            waiting=gate.waiting(tenant.id),
+            capacity=max(gate.capacity(), 1),
+        )
+        html = status_page(tenant.id, batches, errors, capacity, signed_in=signed_in)
+        return HTMLResponse(html)
+
+
+_ROUTES = {("GET", "/"): "page", ("POST", "/signin"): "sign_in", ("POST", "/signout"): "sign_out"}
+
+
+def scope_root(request: Request) -> str:
+    """Where this app is mounted (``""`` at the root)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _route_path(scope: Scope) -> str:
+    """The path inside this app: mounted under ``/batch``, ``/batch/`` is ``/`` (the page's
+    links and redirects are relative, so they stay under the mount)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+async def _first_errors(manager: JobManager, batch_ids: list[str]) -> dict[str, list[LineError]]:
+    """The first :data:`ERRORS_PER_BATCH` failed lines of each batch (by line order)."""
+    store = await manager.store()
+
+    def read() -> dict[str, list[LineError]]:
+        found: dict[str, list[LineError]] = {}
+        for batch_id in batch_ids:
+            rows = []
+            for row in store.iter_results(batch_id, ok=False):
+                rows.append(LineError(row.custom_id, row.error))
+                if len(rows) >= ERRORS_PER_BATCH:
+                    break
+            found[batch_id] = rows
+        return found
+
+    return await to_thread.run_sync(read)

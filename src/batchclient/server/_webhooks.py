@@ -1,0 +1,315 @@
+"""Webhooks: a signed POST to the operator's URL whenever a batch ends.
+
+Every batch that reaches ``completed``, ``failed``, ``expired`` or ``cancelled`` gets one event in
+OpenAI's shape::
+
+    {"id": "evt_...", "object": "event", "created_at": 1764000000,
+     "type": "batch.completed", "data": {"id": "batch_..."}}
+
+signed per the Standard Webhooks specification: headers ``webhook-id`` (the event's id, the
+same on every attempt, so receivers deduplicate by it), ``webhook-timestamp`` (seconds, the
+attempt's time) and ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``
+keyed by the base64-decoded part of the ``whsec_...`` secret. The openai SDK's
+``client.webhooks.unwrap(body, headers, secret=...)`` verifies and parses them.
+
+Durability: the events are written by SQLite triggers on the ``jobs`` table, in the transaction
+that makes the batch terminal, into the outbox table ``webhook_events`` of the same database.
+No code path that ends a batch can forget one, and a server killed at any moment delivers what
+is in the outbox after it starts again: at least once. The triggers are installed in a tenant's
+database when a server with a webhook first opens it; from then on every batch that ends there
+(also through ``batchclient jobs``) queues an event, delivered by the next server started with
+a webhook. The secret is never stored: the outbox holds events, the signature is made at each
+attempt from the secret the server was given.
+
+Delivery: a 2xx answer within :attr:`Deliverer.timeout_s` is success; anything else is retried
+with exponential backoff (1 s, 2 s, 4 s, ... up to an hour, with jitter) for up to 72 hours
+after the event, then abandoned (logged, kept in the outbox with ``abandoned_at``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+import anyio
+
+from .._state import Migration, Schema
+from .._version import __version__
+from ..errors import ConfigurationError
+from ..jobs import Store
+
+logger = logging.getLogger("batchclient.server.webhooks")
+
+TERMINAL = ("cancelled", "completed", "expired", "failed")
+SECRET_PREFIX = "whsec_"
+MIN_SECRET_BYTES = 24
+"""The Standard Webhooks specification: secrets are 24 to 64 random bytes."""
+MAX_SECRET_BYTES = 64
+POLL_S = 1.0
+"""How often the outboxes are read for due events, seconds."""
+BASE_DELAY_S = 1.0
+"""The wait after a first failed attempt, seconds (doubled after each next one)."""
+
+_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL) + ")"
+_INSERT_EVENT = (
+    "INSERT OR IGNORE INTO webhook_events (id, batch_id, type, created_at) VALUES "
+    "('evt_' || lower(hex(randomblob(16))), NEW.id, 'batch.' || NEW.status, "
+    "CAST(strftime('%s', 'now') AS INTEGER))"
+)
+
+
+def _create(db: sqlite3.Connection) -> None:
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS webhook_events ("
+        "id TEXT PRIMARY KEY, batch_id TEXT NOT NULL UNIQUE, type TEXT NOT NULL, "
+        "created_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, "
+        "next_attempt_at REAL NOT NULL DEFAULT 0, delivered_at INTEGER, abandoned_at INTEGER, "
+        "last_error TEXT)"
+    )
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS webhook_events_due ON webhook_events (next_attempt_at) "
+        "WHERE delivered_at IS NULL AND abandoned_at IS NULL"
+    )
+    # a status change into a terminal state, and a batch inserted already terminal (one that
+    # fails validation at creation): both queue the event in the same transaction
+    db.execute(
+        "CREATE TRIGGER IF NOT EXISTS webhook_on_terminal AFTER UPDATE OF status ON jobs "
+        f"WHEN NEW.status IN {_TERMINAL_SQL} AND OLD.status NOT IN {_TERMINAL_SQL} "
+        f"BEGIN {_INSERT_EVENT}; END"
+    )
+    db.execute(
+        "CREATE TRIGGER IF NOT EXISTS webhook_on_terminal_insert AFTER INSERT ON jobs "
+        f"WHEN NEW.status IN {_TERMINAL_SQL} BEGIN {_INSERT_EVENT}; END"
+    )
+
+
+SCHEMA = Schema("webhooks", (Migration(1, _create),))
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where events go (``url``) and the key they are signed with (the decoded secret; never
+    shown by ``repr``). Make one with :meth:`parse`."""
+
+    url: str
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def parse(cls, url: str, secret: str) -> Webhook:
+        """Check ``url`` (http or https, with a host) and ``secret`` (``whsec_`` then the
+        base64 of 24 to 64 bytes); raise ``ConfigurationError`` otherwise. The error never
+        quotes the secret."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(
+                "the webhook URL must be an absolute http:// or https:// URL with a host"
+            )
+        if not secret.startswith(SECRET_PREFIX):
+            raise ConfigurationError(
+                f"the webhook secret must start with {SECRET_PREFIX!r} (Standard Webhooks); "
+                'make one with `echo "whsec_$(openssl rand -base64 32)"`'
+            )
+        try:
+            key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigurationError(
+                f"the webhook secret after {SECRET_PREFIX!r} must be base64"
+            ) from None
+        if not MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES:
+            raise ConfigurationError(
+                f"the webhook secret must encode {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} "
+                f"bytes, not {len(key)}"
+            )
+        return cls(url, key)
+
+    @property
+    def shown(self) -> str:
+        """The URL for logs: scheme, host, port and path (a query may hold a token)."""
+        parts = urlsplit(self.url)
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"
+
+
+def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header: ``v1,`` and the base64 HMAC-SHA256 of
+    ``{msg_id}.{timestamp}.{body}`` (Standard Webhooks)."""
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the outbox."""
+
+    id: str
+    batch_id: str
+    type: str
+    created_at: int
+    attempts: int
+
+    def body(self) -> bytes:
+        """The JSON sent: the same bytes on every attempt."""
+        event = {
+            "id": self.id,
+            "object": "event",
+            "created_at": self.created_at,
+            "type": self.type,
+            "data": {"id": self.batch_id},
+        }
+        return json.dumps(event, separators=(",", ":")).encode()
+
+
+class Outbox:
+    """The ``webhook_events`` table of one tenant's database (opened, with the jobs' tables,
+    and migrated to the triggers on construction). Blocking: call through a thread."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.store = Store(state_dir)  # its own connection: the jobs' tables exist
+        try:
+            self.store.db.migrate(SCHEMA)
+        except BaseException:
+            self.store.close()
+            raise
+        self.db = self.store.db
+
+    def due(self, now: float, limit: int = 100) -> list[Event]:
+        rows = self.db.all(
+            "SELECT id, batch_id, type, created_at, attempts FROM webhook_events "
+            "WHERE delivered_at IS NULL AND abandoned_at IS NULL AND next_attempt_at <= ? "
+            "ORDER BY next_attempt_at, created_at LIMIT ?",
+            (now, limit),
+        )
+        return [Event(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def delivered(self, event_id: str) -> None:
+        self.db.write(
+            "UPDATE webhook_events SET delivered_at = ?, attempts = attempts + 1, "
+            "last_error = NULL WHERE id = ?",
+            (int(time.time()), event_id),
+        )
+
+    def failed(self, event_id: str, error: str, retry_at: float | None) -> None:
+        """Record a failed attempt; ``retry_at`` None: give the event up."""
+        if retry_at is None:
+            self.db.write(
+                "UPDATE webhook_events SET attempts = attempts + 1, last_error = ?, "
+                "abandoned_at = ? WHERE id = ?",
+                (error, int(time.time()), event_id),
+            )
+        else:
+            self.db.write(
+                "UPDATE webhook_events SET attempts = attempts + 1, last_error = ?, "
+                "next_attempt_at = ? WHERE id = ?",
+                (error, retry_at, event_id),
+            )
+
+    def close(self) -> None:
+        self.store.close()
+
+
+@dataclass
+class Deliverer:
+    """Sends what the outboxes hold to ``webhook``, polling every ``poll_s`` seconds. Each
+    failed attempt waits ``base_delay_s`` × 2^(attempts - 1), at most ``max_delay_s``, times
+    a random 0.5-1 (so receivers that come back are not hit by every server at once); an event
+    older than ``give_up_after_s`` is abandoned."""
+
+    webhook: Webhook
+    outboxes: Sequence[Outbox]
+    poll_s: float = POLL_S
+    timeout_s: float = 10.0
+    base_delay_s: float = BASE_DELAY_S
+    max_delay_s: float = 3600.0
+    give_up_after_s: float = 72 * 3600.0
+
+    async def run(self) -> None:
+        """Deliver until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                for outbox in self.outboxes:
+                    try:
+                        events = await anyio.to_thread.run_sync(outbox.due, time.time())
+                        for event in events:
+                            await self._attempt(session, outbox, event)
+                    except Exception:  # a full disk, a bug: never take the server down
+                        logger.exception("webhooks: delivery from %s failed", outbox.db.path)
+                await anyio.sleep(self.poll_s)
+
+    async def _attempt(self, session: aiohttp.ClientSession, outbox: Outbox, event: Event) -> None:
+        body = event.body()
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": f"batchclient/{__version__}",
+            "webhook-id": event.id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(self.webhook.key, event.id, timestamp, body),
+        }
+        error: str | None = None
+        try:
+            async with session.post(self.webhook.url, data=body, headers=headers) as response:
+                await response.read()
+                if not 200 <= response.status < 300:
+                    error = f"HTTP {response.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        if error is None:
+            await anyio.to_thread.run_sync(outbox.delivered, event.id)
+            logger.info("webhook %s %s delivered to %s", event.type, event.id, self.webhook.shown)
+            return
+        attempts = event.attempts + 1
+        retry_at: float | None = time.time() + self.delay(attempts)
+        if retry_at is not None and retry_at - event.created_at > self.give_up_after_s:
+            retry_at = None  # past the window: a receiver gone this long will not want it
+        await anyio.to_thread.run_sync(outbox.failed, event.id, error, retry_at)
+        logger.warning(
+            "webhook %s %s to %s: attempt %d failed (%s); %s",
+            event.type,
+            event.id,
+            self.webhook.shown,
+            attempts,
+            error,
+            "given up" if retry_at is None else f"retrying in {retry_at - time.time():.1f} s",
+        )
+
+    def delay(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt."""
+        capped = min(self.max_delay_s, self.base_delay_s * 2.0 ** min(attempts - 1, 40))
+        return capped * random.uniform(0.5, 1.0)
+
+
+@asynccontextmanager
+async def delivering(webhook: Webhook | None, state_dirs: Sequence[Path]) -> AsyncIterator[None]:
+    """Open the outboxes of ``state_dirs`` (installing the triggers) and deliver their events
+    while inside; nothing without a ``webhook``. Enter it before the tenants' clients, so the
+    batches they resume already queue events."""
+    if webhook is None:
+        yield
+        return
+    outboxes = [Outbox(d) for d in state_dirs]
+    try:
+        async with anyio.create_task_group() as tg:
+            deliverer = Deliverer(webhook, outboxes, poll_s=POLL_S, base_delay_s=BASE_DELAY_S)
+            tg.start_soon(deliverer.run)
+            logger.info("webhooks to %s", webhook.shown)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        for outbox in outboxes:
+            outbox.close()

@@ -1,0 +1,241 @@
+"""The server's fair gate: tenants share the provider's capacity, a tenant's batches go by
+``metadata.priority``, one-request calls go first. Unit tests drive :class:`FairGate` directly;
+the end-to-end tests run real tenants' batches through ``create_app`` against the loopback
+stub and read the order in which their requests reached it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from batchclient import RemoteProvider
+from batchclient._core.lanes import Lane, Priority, priority_of
+from batchclient.server import create_app
+from batchclient.server._fair import FairGate
+from batchclient.testing import AppServer, StubServer
+from server_util import KEY_A, KEY_B, batch_file, is_envelope, sdk, wait_batch
+
+CALL = Lane(None, Priority.interactive)
+
+
+def batch(name: str, priority: Priority = Priority.normal) -> Lane:
+    return Lane(name, priority)
+
+
+async def _grants(gate: FairGate, waiters: list[tuple[str, Lane]], hold: int) -> list[str]:
+    """Fill the gate with ``hold`` requests of tenant ``x``, queue ``waiters`` (labelled
+    ``tenant/batch``) in order, then free one slot at a time; the order they were admitted."""
+    order: list[str] = []
+    freed = [asyncio.Event() for _ in range(hold)]
+
+    async def holder(i: int) -> None:
+        async with gate.slot("x", batch("x0")):
+            await freed[i].wait()
+
+    async def waiter(tenant: str, lane: Lane) -> None:
+        async with gate.slot(tenant, lane):
+            order.append(f"{tenant}/{lane.batch or 'call'}")
+        # released at once: the next one is admitted in the same way
+
+    async with asyncio.TaskGroup() as tg:
+        for i in range(hold):
+            tg.create_task(holder(i))
+        await asyncio.sleep(0)
+        assert gate.in_flight == hold
+        for tenant, lane in waiters:
+            tg.create_task(waiter(tenant, lane))
+            await asyncio.sleep(0)
+        assert gate.waiting() == len(waiters)
+        for event in freed:
+            event.set()
+    assert gate.in_flight == 0 and gate.waiting() == 0
+    return order
+
+
+async def test_freed_slots_go_round_robin_across_tenants() -> None:
+    gate = FairGate(lambda: 1)
+    waiters = [("a", batch("a1"))] * 4 + [("b", batch("b1"))] * 2 + [("c", batch("c1"))]
+    order = await _grants(gate, waiters, hold=1)
+    # first come would be a a a a b b c
+    assert order == ["a/a1", "b/b1", "c/c1", "a/a1", "b/b1", "a/a1", "a/a1"]
+
+
+async def test_a_tenants_batches_go_by_priority_then_round_robin() -> None:
+    gate = FairGate(lambda: 1)
+    waiters = [
+        ("a", batch("low", Priority.low)),
+        ("a", batch("n1")),
+        ("a", batch("n1")),
+        ("a", batch("n2")),
+        ("a", batch("high", Priority.high)),
+    ]
+    order = await _grants(gate, waiters, hold=1)
+    assert order == ["a/high", "a/n1", "a/n2", "a/n1", "a/low"]
+
+
+async def test_calls_go_ahead_of_batch_lines() -> None:
+    gate = FairGate(lambda: 1)
+    waiters = [("a", batch("a1")), ("b", batch("b1")), ("a", CALL), ("b", CALL)]
+    order = await _grants(gate, waiters, hold=1)
+    assert order[:2] == ["a/call", "b/call"]
+
+
+async def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
+    gate = FairGate(lambda: 1)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with gate.slot("a", batch("a1")):
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(gate.slot("b", batch("b1")).__aenter__())
+    await asyncio.sleep(0)
+    assert gate.waiting("b") == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    release.set()
+    await holder
+    assert (gate.in_flight, gate.waiting(), gate.held("a"), gate.held("b")) == (0, 0, 0, 0)
+    async with gate.slot("c", batch("c1")):  # the gate still admits
+        assert gate.in_flight == 1
+
+
+def test_priority_is_read_from_metadata() -> None:
+    assert priority_of({"priority": "HIGH"}) is Priority.high
+    assert priority_of('{"priority": "low"}') is Priority.low
+    assert priority_of(None) is Priority.normal
+    assert priority_of({"team": "x"}) is Priority.normal
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def _texts(stub: StubServer) -> list[str]:
+    return [str(b["messages"][-1]["content"]) for b in stub.stats.bodies]
+
+
+def _start(url: str, key: str, n: int, prefix: str, **metadata: str) -> str:
+    client = sdk(url, key)
+    file = client.files.create(file=("in.jsonl", batch_file(n, prefix)), purpose="batch")
+    created = client.batches.create(
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata=metadata or None,
+    )
+    return created.id
+
+
+def _provider(stub: StubServer, capacity: int) -> RemoteProvider:
+    return RemoteProvider(stub.url, max_concurrency=capacity, adaptive=False)
+
+
+def test_a_small_batch_shares_the_capacity_with_another_tenants_large_ones(
+    tmp_path: Path,
+) -> None:
+    """Tenant A runs five batches (a window of requests waiting each); tenant B's small batch
+    started meanwhile gets half the capacity: between its first and its last request reaching
+    the upstream, about as many of A's reach it (first come, first served: three times that per
+    B request), and it finishes in about twice its time alone while A still runs."""
+    capacity, small = 4, 8
+    with StubServer(latency_s=0.05, record_bodies=True) as stub:
+        app = create_app(_provider(stub, capacity), state_dir=tmp_path, api_keys=[KEY_A, KEY_B])
+        with AppServer(app) as url:
+            started = time.monotonic()
+            alone = wait_batch(sdk(url, KEY_B), _start(url, KEY_B, small, "alone"))
+            alone_s = time.monotonic() - started
+            assert alone.request_counts.completed == small
+            big = [_start(url, KEY_A, 40, f"a{i}-") for i in range(5)]
+            wait_for = time.monotonic() + 10
+            while len(stub.stats.bodies) < small + 2 * capacity:  # A fills the capacity
+                assert time.monotonic() < wait_for
+                time.sleep(0.01)
+            started = time.monotonic()
+            shared = wait_batch(sdk(url, KEY_B), _start(url, KEY_B, small, "b"))
+            shared_s = time.monotonic() - started
+            assert shared.request_counts.completed == small
+            a_state = [sdk(url, KEY_A).batches.retrieve(b).status for b in big]
+            texts = _texts(stub)
+            for batch_id in big:
+                sdk(url, KEY_A).batches.cancel(batch_id)
+    b_at = [i for i, t in enumerate(texts) if t.startswith("b ")]
+    a_between = sum(1 for t in texts[b_at[0] : b_at[-1]] if t.startswith("a"))
+    assert len(b_at) == small
+    assert a_between <= small + capacity, (a_between, texts[b_at[0] : b_at[-1] + 1])
+    assert "in_progress" in a_state, a_state  # B did not wait for A
+    assert shared_s < 2 * alone_s + 1.0, (shared_s, alone_s)
+
+
+def test_a_tenants_high_priority_batch_runs_ahead_of_its_low_one(tmp_path: Path) -> None:
+    with StubServer(latency_s=0.02, record_bodies=True) as stub:
+        app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
+        with AppServer(app) as url:
+            low = _start(url, KEY_A, 30, "low", priority="low")
+            wait_for = time.monotonic() + 10
+            while len(stub.stats.bodies) < 4:
+                assert time.monotonic() < wait_for
+                time.sleep(0.01)
+            high = _start(url, KEY_A, 10, "high", priority="high")
+            wait_batch(sdk(url, KEY_A), high)
+            low_state = sdk(url, KEY_A).batches.retrieve(low).status
+            wait_batch(sdk(url, KEY_A), low)
+            texts = _texts(stub)
+    high_at = [i for i, t in enumerate(texts) if t.startswith("high")]
+    low_between = sum(1 for t in texts[high_at[0] : high_at[-1]] if t.startswith("low"))
+    assert low_between <= 2, texts  # only the low lines already in flight
+    assert low_state == "in_progress"
+
+
+def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> None:
+    arrivals: list[str] = []
+    lock = threading.Lock()
+
+    def note(body: dict[str, Any], attempt: int) -> None:
+        with lock:
+            arrivals.append(str(body["messages"][-1]["content"]))
+
+    with StubServer(latency_s=0.05, handler=note) as stub:
+        app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
+        with AppServer(app) as url:
+            big = [_start(url, KEY_A, 40, f"a{i}-") for i in range(5)]
+            wait_for = time.monotonic() + 10
+            while len(arrivals) < 4:
+                assert time.monotonic() < wait_for
+                time.sleep(0.01)
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": "call"}]}
+            with httpx.Client(headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+                before = len(arrivals)
+                answer = http.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            ahead = arrivals.index("call") - before
+            for batch_id in big:
+                sdk(url, KEY_A).batches.cancel(batch_id)
+    # first come, first served, the five batches' waiting lines would reach the upstream first
+    assert ahead <= 3, arrivals[before:]
+
+
+def test_an_unknown_priority_is_refused_before_the_batch_is_made(tmp_path: Path) -> None:
+    with StubServer() as stub:
+        app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
+        with AppServer(app) as url:
+            client = sdk(url, KEY_A)
+            file = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+            body = {
+                "input_file_id": file.id,
+                "endpoint": "/v1/chat/completions",
+                "metadata": {"priority": "urgent"},
+            }
+            with httpx.Client(headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+                refused = http.post(f"{url}/v1/batches", json=body)
+            assert refused.status_code == 400
+            assert is_envelope(refused)["param"] == "metadata.priority"
+            assert client.batches.list().data == []

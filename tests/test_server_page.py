@@ -1,0 +1,205 @@
+"""The status page at ``/``: its sign-in (a cookie holding a server-side session token, never
+the key), what it shows (each batch's progress, counts, throughput, ETA, first failed lines),
+that tenant input is escaped, and a real headless Chromium rendering it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from batchclient import RemoteProvider
+from batchclient.server import _page_render, create_app
+from batchclient.testing import AppServer, Fault, StubReply, StubServer
+from chromium_util import CHROMIUM, SKIP_REASON, Chromium
+from jobs_util import jsonl, line
+from server_util import KEY_A, KEY_B, batch_file, sdk, wait_batch
+
+HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+BAD_ANSWER = {"error": {"message": "bad <b>request</b> " + HOSTILE, "type": "invalid_request"}}
+
+
+def _stub() -> StubServer:
+    return StubServer(
+        latency_s=0.02,
+        faults=[Fault(StubReply(status=400, body=BAD_ANSWER), match="refuse me")],
+    )
+
+
+def _app(stub: StubServer, state: Path, keys: list[str]) -> Any:
+    provider = RemoteProvider(stub.url, max_concurrency=2, adaptive=False, max_retries=0)
+    return create_app(provider, state_dir=state, api_keys=keys)
+
+
+def _finished_batch(url: str, key: str | None) -> str:
+    """A batch of three lines, one refused upstream, with hostile metadata and custom_id."""
+    client = sdk(url, key)
+    lines = [line("ok-1", "hello"), line("<i>odd</i>", "refuse me"), line("ok-2", "again")]
+    file = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"note": HOSTILE, "priority": "high"},
+    )
+    done = wait_batch(client, batch.id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    return batch.id
+
+
+def _running_batch(url: str, key: str) -> str:
+    client = sdk(url, key)
+    file = client.files.create(file=("big.jsonl", batch_file(200, "slow")), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        got = client.batches.retrieve(batch.id)
+        counts = got.request_counts
+        if got.status == "in_progress" and counts is not None and counts.completed > 4:
+            return batch.id
+        assert time.monotonic() < deadline, got
+        time.sleep(0.02)
+
+
+def test_without_keys_the_page_shows_the_batches_escaped_and_needs_no_sign_in(
+    tmp_path: Path,
+) -> None:
+    with _stub() as stub, AppServer(_app(stub, tmp_path, [])) as url:
+        batch_id = _finished_batch(url, None)
+        page = httpx.get(f"{url}/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert page.headers["cache-control"] == "no-store"
+    assert "script-src" not in page.headers["content-security-policy"]  # default-src 'none'
+    html = page.text
+    assert batch_id in html and 'name="key"' not in html
+    assert "<script" not in html and "<img" not in html and "<i>odd" not in html
+    assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in html
+    assert "&lt;i&gt;odd&lt;/i&gt;" in html  # the failed line, escaped
+    assert "2 / 1 / 3" in html
+
+
+def test_with_keys_the_page_signs_in_with_a_session_cookie_that_opens_only_the_page(
+    tmp_path: Path,
+) -> None:
+    with _stub() as stub, AppServer(_app(stub, tmp_path, [KEY_A, KEY_B])) as url:
+        a_batch = _finished_batch(url, KEY_A)
+        b_batch = _finished_batch(url, KEY_B)
+        with httpx.Client(base_url=url) as browser:
+            form = browser.get("/")
+            assert form.status_code == 200 and 'name="key"' in form.text
+            assert a_batch not in form.text
+            wrong = browser.post("/signin", data={"key": "not-a-key-0123456789"})
+            assert wrong.status_code == 401 and "not valid" in wrong.text
+            assert "set-cookie" not in wrong.headers
+            signed = browser.post("/signin", data={"key": KEY_A})
+            assert signed.status_code == 303 and signed.headers["location"] == "/"
+            cookie = signed.headers["set-cookie"]
+            flags = {part.strip().lower() for part in cookie.split(";")}
+            assert {"httponly", "samesite=strict", "path=/"} <= flags
+            token = browser.cookies["batchclient_session"]
+            assert KEY_A not in cookie and len(token) >= 40
+            page = browser.get("/")
+            assert a_batch in page.text and b_batch not in page.text
+            assert "Sign out" in page.text
+            api = browser.get("/v1/batches")  # the cookie is no API credential
+            assert api.status_code == 401
+            browser.post("/signout")
+            assert 'name="key"' in httpx.get(f"{url}/", cookies={"batchclient_session": token}).text
+        by_header = httpx.get(f"{url}/", headers={"Authorization": f"Bearer {KEY_B}"})
+        assert b_batch in by_header.text and a_batch not in by_header.text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+async def test_the_status_page_in_headless_chromium(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_page_render, "REFRESH_S", 60)  # no reload while the test reads it
+    with _stub() as stub, AppServer(_app(stub, tmp_path / "state", [KEY_A, KEY_B])) as url:
+        finished = _finished_batch(url, KEY_A)
+        _finished_batch(url, KEY_B)
+        stub.latency_s = 0.1
+        running = _running_batch(url, KEY_A)
+        async with Chromium(tmp_path / "profile") as browser:
+            await browser.navigate(f"{url}/")
+            assert await browser.evaluate("!!document.querySelector('form#signin')")
+            await browser.submit(
+                f"document.querySelector('input[name=key]').value = {KEY_A!r};"
+                "document.querySelector('form#signin').submit()"
+            )
+            state = await browser.evaluate(_READ_PAGE)
+            cookies = await browser.cookies()
+            shot = await browser.screenshot(tmp_path / "status_page.png")
+        sdk(url, KEY_A).batches.cancel(running)
+    assert state["href"] == f"{url}/"  # the key went in the body, not the URL
+    assert state["scripts"] == 0 and state["images"] == 0 and state["pwned"] is None
+    assert state["documentCookie"] == ""  # HttpOnly: no script can read it
+    rows = {r["id"]: r for r in state["rows"]}
+    assert set(rows) == {finished, running}  # tenant B's batch is not shown
+    done = rows[finished]
+    assert done["status"] == "completed"
+    assert (done["value"], done["max"]) == (3, 3)
+    assert done["counts"].startswith("2 / 1 / 3")
+    assert done["metadata"] == '{"note": "' + HOSTILE.replace('"', '\\"') + '", "priority": "high"}'
+    assert any(e.startswith("<i>odd</i>: ") and "<b>request</b>" in e for e in done["errors"])
+    live = rows[running]
+    assert live["status"] == "in_progress" and 0 < live["value"] < live["max"] == 200
+    assert live["rate"].endswith("lines/s") and live["eta"].endswith(("s", "min"))
+    assert state["capacity"].startswith("in flight ")
+    (session,) = [c for c in cookies if c["name"] == "batchclient_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert KEY_A not in session["value"]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+_READ_PAGE = """(() => {
+  const text = (row, sel) => (row.querySelector(sel) || {}).textContent || "";
+  return {
+    href: location.href,
+    documentCookie: document.cookie,
+    scripts: document.querySelectorAll("script").length,
+    images: document.querySelectorAll("img").length,
+    pwned: window.pwned === undefined ? null : window.pwned,
+    capacity: text(document, "#capacity"),
+    rows: [...document.querySelectorAll("tr.batch")].map(row => ({
+      id: row.id,
+      status: row.dataset.status,
+      value: row.querySelector("progress").value,
+      max: row.querySelector("progress").max,
+      counts: text(row, ".counts"),
+      rate: text(row, ".rate"),
+      eta: text(row, ".eta"),
+      metadata: text(row, ".metadata"),
+      errors: [...document.querySelectorAll("tr.batch-errors")]
+        .filter(tr => tr.dataset.batch === row.id)
+        .flatMap(tr => [...tr.querySelectorAll("li")].map(li => li.textContent)),
+    })),
+  };
+})()"""
+
+
+def test_the_page_works_under_a_mount_prefix(tmp_path: Path) -> None:
+    with _stub() as stub:
+        api = _app(stub, tmp_path, [KEY_A])
+
+        @asynccontextmanager
+        async def lifespan(parent: FastAPI) -> AsyncIterator[None]:
+            async with api.router.lifespan_context(api):
+                yield
+
+        parent = FastAPI(lifespan=lifespan)
+        parent.mount("/batch", api)
+        with AppServer(parent) as url, httpx.Client(base_url=url) as browser:
+            batch_id = _finished_batch(f"{url}/batch", KEY_A)
+            assert 'action="signin"' in browser.get("/batch/").text
+            signed = browser.post("/batch/signin", data={"key": KEY_A}, follow_redirects=True)
+            assert signed.url.path == "/batch/" and batch_id in signed.text
+            assert "path=/batch/" in signed.history[0].headers["set-cookie"].lower()

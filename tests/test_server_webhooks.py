@@ -1,0 +1,241 @@
+"""Webhooks of ``batchclient serve``: one signed event per batch that ends, in OpenAI's shape,
+verified by the openai SDK's own Standard Webhooks verifier on a real loopback receiver;
+retried after a failed attempt with the same ``webhook-id``; and delivered after the server is
+SIGKILLed between the batch's end and the delivery."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from batchclient import RemoteProvider
+from batchclient.cli import main
+from batchclient.errors import ConfigurationError
+from batchclient.server import _webhooks, create_app, tenant_id
+from batchclient.server._webhooks import Webhook, sign
+from batchclient.testing import Fault, StubReply, StubServer, free_port
+from jobs_util import jsonl, line, wait_sync
+from server_util import KEY_A, batch_file, ready, sdk, served, spawn, wait_batch
+
+SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+
+
+@dataclass
+class Delivery:
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """A loopback webhook receiver. ``script``: what each next POST gets (``"fail"``: a 500,
+    ``"hang"``: no answer until :attr:`release` is set); then 200."""
+
+    script: list[str] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    url: str = ""
+
+    def events(self) -> dict[str, Any]:
+        """The verified events by ``webhook-id`` (the receiver's deduplication)."""
+        verifier = openai.OpenAI(api_key="none")
+        unique: dict[str, Any] = {}
+        for d in self.deliveries:
+            event = verifier.webhooks.unwrap(d.body, d.headers, secret=SECRET)  # raises if forged
+            assert d.headers["webhook-id"] == event.id
+            unique.setdefault(event.id, event)
+        return unique
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            state.deliveries.append(Delivery(dict(self.headers.items()), body))
+            action = state.script.pop(0) if state.script else "ok"
+            if action == "hang":
+                state.release.wait(30)
+            self.send_response(500 if action == "fail" else 200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks?token=abc"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        state.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_signature_is_the_standard_webhooks_recipe() -> None:
+    # the example of the Standard Webhooks specification (its test vector)
+    key = base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    got = sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}')
+    assert got == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "message"),
+    [
+        ("ftp://127.0.0.1/x", SECRET, "http:// or https://"),
+        ("http:///nohost", SECRET, "with a host"),
+        ("http://127.0.0.1/x", "plain-secret-0123456789abcdef", "start with 'whsec_'"),
+        ("http://127.0.0.1/x", "whsec_not*base64!", "must be base64"),
+        ("http://127.0.0.1/x", "whsec_" + base64.b64encode(b"short").decode(), "24 to 64"),
+        ("http://127.0.0.1/x", None, "go together"),
+    ],
+)
+def test_webhook_url_and_secret_are_checked(url: str, secret: str | None, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        create_app(
+            RemoteProvider("http://127.0.0.1:9/v1"),
+            webhook_url=url,
+            webhook_secret=secret,
+        )
+    if secret:
+        assert secret not in str(caught.value) and secret[6:] not in str(caught.value)
+    assert SECRET[6:] not in repr(Webhook.parse("http://h/x", SECRET))
+
+
+def test_serve_refuses_a_bad_webhook_secret(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHCLIENT_WEBHOOK_SECRET", "whsec_!!")
+    args = ["serve", "--base-url", "http://127.0.0.1:9/v1", "--port", "0"]
+    assert main([*args, "--webhook-url", "http://127.0.0.1:9/x"]) == 2
+    err = capsys.readouterr().err
+    assert "must be base64" in err and "whsec_!!" not in err
+
+
+def test_each_ending_posts_one_signed_event_retried_with_the_same_id(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
+    monkeypatch.setattr(_webhooks, "BASE_DELAY_S", 0.05)
+    receiver.script = ["fail"]  # the first attempt gets a 500: retried
+    faults = [Fault(StubReply(delay_s=30), match="SLOW")]
+    with (
+        StubServer(faults=faults) as stub,
+        served(stub.url, tmp_path / "state", webhook_url=receiver.url, webhook_secret=SECRET)
+        as url,
+    ):  # fmt: skip
+        client = sdk(url, None)
+
+        def start(content: bytes, window: str = "24h") -> str:
+            upload = client.files.create(file=("in.jsonl", content), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=upload.id,
+                endpoint="/v1/chat/completions",
+                completion_window=window,  # type: ignore[arg-type]
+            )
+            return batch.id
+
+        done = start(batch_file(3))
+        failed = start(jsonl([line("a", "1"), line("a", "2")]))  # duplicate custom_id
+        slow = start(batch_file(2, "SLOW"))
+        late = start(batch_file(2, "SLOW"), "1s")  # past its window: expired
+        assert wait_batch(client, done).status == "completed"
+        assert wait_batch(client, failed).status == "failed"
+        client.batches.cancel(slow)
+        assert wait_batch(client, slow).status == "cancelled"
+        assert wait_batch(client, late).status == "expired"
+        wait_sync(lambda: len(receiver.events()) == 4, timeout=20)
+    events = receiver.events()
+    by_batch = {e.data.id: e for e in events.values()}
+    assert {k: e.type for k, e in by_batch.items()} == {
+        done: "batch.completed",
+        failed: "batch.failed",
+        slow: "batch.cancelled",
+        late: "batch.expired",
+    }
+    first = receiver.deliveries[0]
+    assert json.loads(first.body).keys() == {"id", "object", "created_at", "type", "data"}
+    assert json.loads(first.body)["object"] == "event"
+    # the 500 was retried with the same webhook-id and body; nothing else was sent twice
+    ids = [d.headers["webhook-id"] for d in receiver.deliveries]
+    assert len(ids) == 5 and ids.count(ids[0]) == 2 and len(set(ids)) == 4
+    assert receiver.deliveries[0].body == next(
+        d.body for d in receiver.deliveries[1:] if d.headers["webhook-id"] == ids[0]
+    )
+    # forged: a verifier with another secret refuses it
+    other = "whsec_" + base64.b64encode(bytes(32)).decode()
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        openai.OpenAI(api_key="none").webhooks.unwrap(first.body, first.headers, secret=other)
+    db = tmp_path / "state" / "batchclient.sqlite3"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT attempts, delivered_at IS NOT NULL FROM webhook_events")
+        assert sorted(rows.fetchall()) == [(1, 1), (1, 1), (1, 1), (2, 1)]
+    stored = b"".join(p.read_bytes() for p in db.parent.glob("batchclient.sqlite3*"))
+    assert SECRET[6:].encode() not in stored and bytes(range(32)) not in stored
+
+
+def test_an_event_survives_sigkill_between_the_end_and_the_delivery(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    receiver.script = ["hang"]  # the first POST is received, never answered: the kill comes
+    state, port = tmp_path / "state", free_port()
+    url = f"http://127.0.0.1:{port}"
+    hooks = ("--webhook-url", receiver.url, "--webhook-secret", SECRET)
+    with StubServer() as stub:
+        proc = spawn(stub.url, state, port, *hooks)
+        try:
+            ready(url, proc)
+            client = sdk(url)
+            upload = client.files.create(file=("in.jsonl", batch_file(5)), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            wait_sync(lambda: receiver.deliveries, timeout=30)  # ended, its event in flight
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            db = state / "tenants" / tenant_id(KEY_A) / "batchclient.sqlite3"
+            with sqlite3.connect(db) as conn:
+                (pending,) = conn.execute(
+                    "SELECT count(*) FROM webhook_events WHERE delivered_at IS NULL"
+                ).fetchone()
+            receiver.release.set()
+            proc = spawn(stub.url, state, port, *hooks)
+            ready(url, proc)
+            wait_sync(lambda: len(receiver.deliveries) >= 2, timeout=30)
+            with sqlite3.connect(db) as conn:
+                wait_sync(
+                    lambda: conn.execute(
+                        "SELECT delivered_at FROM webhook_events WHERE batch_id = ?", (batch.id,)
+                    ).fetchone()[0],
+                    timeout=10,
+                )
+        finally:
+            proc.kill()
+            proc.wait()
+    events = receiver.events()
+    # figures: POSTs received, events after deduplication by webhook-id, duplicates left
+    print(f"posts={len(receiver.deliveries)} events={len(events)} duplicates=0")
+    assert pending == 1 and len(receiver.deliveries) == 2 and len(events) == 1
+    log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+    assert "webhooks to http://127.0.0.1:" in log and "delivered" in log
+    assert SECRET[6:] not in log and "token=abc" not in log  # no secret, no query
+    (event,) = events.values()
+    assert event.type == "batch.completed" and event.data.id == batch.id
