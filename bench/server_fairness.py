@@ -140,7 +140,7 @@ def main() -> None:
         os.environ["PYTHONPATH"] = str(_jobs_common.SRC)
     figures = measure(args.small, args.large, args.a_batches, args.repeats, args.head_start)
     figures["target"] = "stub, 50 ms latency, 64 in flight, two tenants; polled every 20 ms"
-    figures["server_src"] = args.src or "this checkout"
+    figures["server_src"] = "another checkout" if args.src else "this checkout"
     name = "server_fairness" + (f"_{args.a_batches}" if args.a_batches > 1 else "")
     path = save(f"{name}_{args.label}" if args.src else name, figures)
     print(

@@ -87,7 +87,7 @@ def main() -> None:
                 latencies.append(time.monotonic() - t)
             time.sleep(max(0.0, 20 - (time.monotonic() - started)))
             figures = {
-                "src": args.src,
+                "src": "this checkout" if args.src == str(SRC) else "another checkout",
                 "nofile": args.nofile,
                 "sockets": args.sockets,
                 "keyed_answered_of_10": answered,

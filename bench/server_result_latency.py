@@ -153,8 +153,8 @@ def main() -> None:
     ):
         batch_id = prepare(url, args.state, args.lines)
         figures = run(url, proc.pid, batch_id, args.lines, args.fetches, args.idle_s)
-    figures = {"lines": args.lines, "fetches_at_once": args.fetches, "src": str(_jobs_common.SRC),
-               **figures}  # fmt: skip
+    src = "another checkout" if args.src else "this checkout"
+    figures = {"lines": args.lines, "fetches_at_once": args.fetches, "src": src, **figures}
     print(json.dumps(figures, indent=2))
     print(save(args.name, figures))
 
