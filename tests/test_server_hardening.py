@@ -5,6 +5,7 @@ clipped echoes, no server paths in messages, relative redirects, private state f
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -37,6 +38,7 @@ from server_util import (
 )
 
 JSON = {"Content-Type": "application/json"}
+SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -385,12 +387,24 @@ def test_the_trailing_slash_redirect_does_not_repeat_the_host(
         assert r.status_code == 307 and r.headers["location"] == "/v1/files?limit=1"
 
 
-def test_every_folder_the_server_makes_is_private(stub: StubServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("webhook", [False, True], ids=["plain", "webhook"])
+def test_every_folder_the_server_makes_is_private(
+    stub: StubServer, tmp_path: Path, webhook: bool
+) -> None:
+    """With a webhook, the outboxes are opened first (before the tenants make their folders)."""
     state = tmp_path / "made" / "by" / "serve"
+    hooks: dict[str, Any] = {}
+    if webhook:  # nothing listens there: the events wait in the outbox
+        hooks = {"webhook_url": f"http://127.0.0.1:{free_port()}/hooks", "webhook_secret": SECRET}
     old = os.umask(0o022)
     try:
-        with serve(stub, state, api_keys=[KEY_A]) as url:
-            sdk(url).files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+        with serve(stub, state, api_keys=[KEY_A], **hooks) as url:
+            client = sdk(url)
+            record = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=record.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            assert wait_batch(client, batch.id).status == "completed"
     finally:
         os.umask(old)
     folders = [tmp_path / "made", tmp_path / "made" / "by", state, state / "tenants"]
@@ -398,6 +412,10 @@ def test_every_folder_the_server_makes_is_private(stub: StubServer, tmp_path: Pa
     assert len(folders) >= 6
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in folders}
     assert set(modes.values()) == {0o700}, {k: oct(v) for k, v in modes.items()}
+    files = [p for p in state.rglob("*") if p.is_file()]
+    assert len(files) >= 3  # the database, the input file, the output file
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in files}
+    assert set(modes.values()) == {0o600}, {k: oct(v) for k, v in modes.items()}
 
 
 def test_the_streamed_result_names_no_server_path(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ lm-eval model) and the server's webhook outbox (:mod:`batchclient.server._webhoo
 state directory's ``batchclient.sqlite3``, and the server's idempotency keys in each tenant's
 ``server.sqlite3``.
 
-Rules of :class:`Database`: the parent directory is created ``0700`` (one that exists keeps its
-mode), the file is created ``0600`` before SQLite opens it (SQLite gives its ``-wal`` and
-``-shm`` files the database's mode), WAL with ``synchronous=NORMAL`` (a commit survives the
-death of the process, not a power cut), a 30-second busy timeout (other processes read and
-write the same file), and autocommit: writes go through :meth:`Database.transaction`
-(``BEGIN IMMEDIATE`` .. ``COMMIT``).
+Rules of :class:`Database`: the parent directory and any missing folder above it are created
+``0700`` (one that exists keeps its mode), the file is created ``0600`` before SQLite opens it
+(SQLite gives its ``-wal`` and ``-shm`` files the database's mode), WAL with
+``synchronous=NORMAL`` (a commit survives the death of the process, not a power cut), a
+30-second busy timeout (other processes read and write the same file), and autocommit: writes
+go through :meth:`Database.transaction` (``BEGIN IMMEDIATE`` .. ``COMMIT``).
 
 Migrations: each store describes its tables as a :class:`Schema`, a name and numbered
 :class:`Migration` steps. :meth:`Database.migrate` applies the steps above the version recorded
@@ -103,9 +103,22 @@ def add_columns(table: str, *columns: str) -> Step:
     return step
 
 
+def private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parent ``0700`` (a plain ``mkdir(parents=True)`` makes
+    the parents ``0755``: readable by every user). Folders that exist keep their mode."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask
+
+
 def touch_private(path: Path) -> None:
-    """Create ``path`` (and its directory, ``0700``) if missing, and make it ``0600``."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` (and its missing folders, ``0700``) if missing, and make it ``0600``."""
+    private_dirs(path.parent)
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     os.chmod(path, 0o600)  # a file that already existed keeps its mode otherwise
 

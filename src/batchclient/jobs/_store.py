@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._state import Database, Migration, Schema, add_columns, record
+from .._state import Database, Migration, Schema, add_columns, private_dirs, record
 from ..errors import FileNotFoundInStoreError, JobNotFoundError
 from ..types import (
     Batch,
@@ -192,7 +192,7 @@ class Store:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.files_dir = state_dir / "files"
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(state_dir)  # opened first by a server's webhook outbox, say
         self.files_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.files_dir, 0o700)
         self.db = Database(state_dir / DB_NAME, [SCHEMA])

@@ -32,6 +32,7 @@ from .._core.client import BatchClient
 from .._core.lanes import current_lane
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
+from .._state import private_dirs
 from ..errors import ConfigurationError
 from ..jobs import default_state_dir
 from ._fair import FairGate, provider_capacity
@@ -106,19 +107,6 @@ class Tenant:
     client: BatchClient
     idempotency: IdempotencyKeys
     create_lock: anyio.Lock = field(default_factory=anyio.Lock)
-
-
-def private_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parent ``0700`` (a plain ``mkdir(parents=True)`` makes
-    the parents ``0755``: readable by every user). Folders that exist keep their mode."""
-    missing = []
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing.append(folder)
-    for folder in reversed(missing):
-        folder.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask
 
 
 class Tenants:
