@@ -21,7 +21,7 @@ import pytest
 
 from batchclient import RemoteProvider
 from batchclient.jobs._runner import WriteRetry
-from batchclient.server import create_app, tenant_id, uvicorn_options
+from batchclient.server import create_app, http_protocol, tenant_id, uvicorn_options
 from batchclient.testing import AppServer, StubServer, free_port
 from server_util import (
     BOUNDARY,
@@ -323,6 +323,33 @@ def test_serve_applies_its_limits_and_host_list(stub: StubServer, tmp_path: Path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_request_head_over_16_kib_is_refused_even_in_one_piece(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    """h11 bounds only a head still incomplete; one that arrives whole in one read is
+    measured too."""
+    limits = uvicorn_options()
+    limits["http"] = http_protocol(limits["http"])
+    start = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    with serve(stub, tmp_path / "state", limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        fits = raw(port, start + b"X-Pad: " + b"p" * (15 * 1024) + b"\r\n\r\n")
+        assert fits.startswith(b"HTTP/1.1 200"), fits[:200]
+        for pad in (20 * 1024, 200 * 1024):
+            big = start + b"X-Pad: " + b"p" * pad + b"\r\n\r\n"
+            answer = raw(port, big)  # one sendall: one read on loopback
+            assert answer == b"" or answer.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431")), answer
+            assert b"invalid_http_request" in answer or answer == b""
+        # many headers, each small: the head as a whole counts
+        many = start + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(200))
+        answer = raw(port, many + b"\r\n")
+        assert not answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        # two requests in one read, the second over the limit: the first is answered, not it
+        first = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        answer = raw(port, first + big)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 200") == 1, answer
 
 
 # ---------------------------------------------------------------- what answers say

@@ -1,6 +1,7 @@
 """Connection limits uvicorn does not have, on its h11 protocol (:func:`uvicorn_options`).
 
-uvicorn bounds a request head's size (``h11_max_incomplete_event_size``, 16 KiB here) and closes
+uvicorn bounds a request head's size (``h11_max_incomplete_event_size``, 16 KiB here) only while
+the head is incomplete: h11 parses a head of any size that arrives whole in one read. It closes
 a kept-alive connection idle for ``timeout_keep_alive`` seconds, but a connection that never
 finishes a request head is held forever: one that sends nothing after connecting, or a head at
 one byte a second (slow-loris). Its ``limit_concurrency`` counts such connections and answers
@@ -10,6 +11,10 @@ rather than preventing one. The protocol here adds:
 - a **header timeout**: a new connection, and each next request on a kept-alive one, must
   deliver a complete request head within ``header_timeout`` seconds of its first byte (of the
   connection, for the first request); otherwise it is closed without an answer;
+- a **head size limit** whatever the reads: a parsed request head over
+  ``h11_max_incomplete_event_size`` (:data:`MAX_HEAD_BYTES`) is refused like one that arrived
+  piecemeal (uvicorn's 400, ``invalid_http_request`` in the envelope under
+  :func:`~batchclient.server.http_protocol`; the connection is closed), never handed to the app;
 - a **connection cap**: when a connection arrives while ``max_connections`` are open, the one
   that has waited longest without a request in progress (idle, or still sending its head) is
   closed to make room; when every one has a request in progress, the new one is closed. A
@@ -45,9 +50,29 @@ counted, so the file-descriptor limit needs this much room above ``max_connectio
 (uvicorn's default, 2048, would need 2048)."""
 
 
+class _HeadLimited(h11.Connection):
+    """h11's server side, refusing a parsed request head over ``max_head_bytes``."""
+
+    def __init__(self, max_head_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request) and _head_bytes(event) > self.max_head_bytes:
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        return event
+
+
+def _head_bytes(request: h11.Request) -> int:
+    """The size of ``request``'s head as sent, less optional whitespace h11 dropped."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(n) + len(v) + 4 for n, v in request.headers.raw_items()) + 2
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a header timeout and a connection cap (class attributes,
-    set by :func:`uvicorn_options` on a subclass)."""
+    set by :func:`uvicorn_options` on a subclass), and a head size limit whatever the reads."""
 
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -55,6 +80,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = _HeadLimited(self.config.h11_max_incomplete_event_size or MAX_HEAD_BYTES)
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = time.monotonic()  # None: a request in progress
 
