@@ -36,12 +36,14 @@ SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 class Delivery:
     headers: dict[str, str]
     body: bytes
+    path: str = "/hooks"
 
 
 @dataclass
 class Receiver:
     """A loopback webhook receiver. ``script``: what each next POST gets (``"fail"``: a 500,
-    ``"hang"``: no answer until :attr:`release` is set); then 200."""
+    ``"hang"``: no answer until :attr:`release` is set, ``"redirect"``: a 307 to
+    ``/elsewhere`` on this receiver); then 200."""
 
     script: list[str] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
@@ -66,11 +68,15 @@ def receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["content-length"]))
-            state.deliveries.append(Delivery(dict(self.headers.items()), body))
+            path = self.path.split("?", 1)[0]
+            state.deliveries.append(Delivery(dict(self.headers.items()), body, path))
             action = state.script.pop(0) if state.script else "ok"
             if action == "hang":
                 state.release.wait(30)
-            self.send_response(500 if action == "fail" else 200)
+            status = {"fail": 500, "redirect": 307}.get(action, 200)
+            self.send_response(status)
+            if status == 307:
+                self.send_header("location", "/elsewhere")
             self.send_header("content-length", "0")
             self.end_headers()
 
@@ -190,6 +196,35 @@ def test_each_ending_posts_one_signed_event_retried_with_the_same_id(
         assert sorted(rows.fetchall()) == [(1, 1), (1, 1), (1, 1), (2, 1)]
     stored = b"".join(p.read_bytes() for p in db.parent.glob("batchclient.sqlite3*"))
     assert SECRET[6:].encode() not in stored and bytes(range(32)) not in stored
+
+
+def test_a_redirect_is_a_failed_attempt_never_followed(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver's 3xx must not send the signed event to another URL (which a compromised or
+    misconfigured receiver could point anywhere): it is retried at the configured URL."""
+    monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
+    monkeypatch.setattr(_webhooks, "BASE_DELAY_S", 0.05)
+    receiver.script = ["redirect"]
+    state = tmp_path / "state"
+    with (
+        StubServer() as stub,
+        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
+    ):
+        client = sdk(url, None)
+        upload = client.files.create(file=("in.jsonl", batch_file(2)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert wait_batch(client, batch.id).status == "completed"
+        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+            wait_sync(
+                lambda: conn.execute("SELECT delivered_at FROM webhook_events").fetchone()[0],
+                timeout=20,
+            )
+            (attempts,) = conn.execute("SELECT attempts FROM webhook_events").fetchone()
+    assert [d.path for d in receiver.deliveries] == ["/hooks", "/hooks"]
+    assert attempts == 2 and len(receiver.events()) == 1
 
 
 def test_an_event_survives_sigkill_between_the_end_and_the_delivery(

@@ -21,7 +21,8 @@ database when a server with a webhook first opens it; from then on every batch t
 a webhook. The secret is never stored: the outbox holds events, the signature is made at each
 attempt from the secret the server was given.
 
-Delivery: a 2xx answer within :attr:`Deliverer.timeout_s` is success; anything else is retried
+Delivery: a 2xx answer within :attr:`Deliverer.timeout_s` is success; anything else (a 3xx too:
+redirects are never followed) is retried
 with exponential backoff (1 s, 2 s, 4 s, ... up to an hour, with jitter) for up to 72 hours
 after the event, then abandoned (logged, kept in the outbox with ``abandoned_at``).
 """
@@ -261,7 +262,10 @@ class Deliverer:
         }
         error: str | None = None
         try:
-            async with session.post(self.webhook.url, data=body, headers=headers) as response:
+            # a redirect is not followed: the signed event goes to the configured URL only
+            async with session.post(
+                self.webhook.url, data=body, headers=headers, allow_redirects=False
+            ) as response:
                 await response.read()
                 if not 200 <= response.status < 300:
                     error = f"HTTP {response.status}"
