@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,18 @@ from batchclient.jobs import ProgressTracker
 from batchclient.server import create_app, serve_starting, tenant_id
 from batchclient.testing import Fault, StubReply, StubServer, free_port
 from jobs_util import jsonl, line, wait_sync
-from server_util import KEY_A, KEY_B, finished, http, ready, sdk, served, spawn, wait_batch
+from server_util import (
+    KEY_A,
+    KEY_B,
+    finished,
+    http,
+    is_envelope,
+    ready,
+    sdk,
+    served,
+    spawn,
+    wait_batch,
+)
 
 REFUSAL = {"error": {"message": "refused", "type": "invalid_request_error", "code": None}}
 
@@ -115,6 +127,31 @@ def test_metrics_count_batches_requests_and_routes_per_tenant(
             fresh = scrape(http(other, None).get("/metrics").text)
         assert total(fresh, "batchclient_batches") == 0
         assert total(fresh, "batchclient_http_requests_total") == 0  # the scrape counts after
+
+
+def test_status_page_routes_are_counted_by_template_and_strangers_as_unmatched(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    with served(stub.url, tmp_path / "state") as url, http(url, None) as c:
+        assert c.get("/").status_code == 200
+        assert c.post("/signin").status_code == 303
+        assert c.post("/signout").status_code == 303
+        for i in range(5):  # random paths, near the page's and under a static-looking prefix
+            assert c.get(f"/static/style-{i}.css").status_code == 404
+            assert c.get(f"/signin/{i}").status_code in (404, 405)
+            assert c.post(f"/x{i}").status_code in (404, 405)
+        text = c.get("/metrics").text
+    samples = scrape(text)
+    routes = {
+        dict(labels)["route"]
+        for name, labels in samples
+        if name == "batchclient_http_requests_total"
+    }
+    assert routes == {"/", "/signin", "/signout", "unmatched"}, routes
+    assert value(samples, "batchclient_http_requests_total", method="GET", route="/",
+                 status="200", tenant="none") == 1  # fmt: skip
+    assert total(samples, "batchclient_http_requests_total", route="unmatched") == 15
+    assert "/static" not in text and "style-" not in text
 
 
 def test_a_running_batch_carries_progress_that_the_sdk_keeps(
@@ -246,8 +283,56 @@ def test_serve_metrics_port_answers_without_a_key_on_loopback(
         assert proc.wait(30) == 0
 
 
+def _exchange(port: int, data: bytes) -> bytes:
+    """``data`` sent in one piece on a fresh connection; all the server answers until it
+    closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        out = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                out += chunk
+        return out
+
+
+def test_serve_metrics_port_has_the_host_list_and_limits_of_the_main_port(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    port, metrics_port = free_port(), free_port()
+    limits = ("--header-timeout", "5", "--max-connections", "3", "--allowed-host", "api.example")
+    proc = spawn(stub.url, tmp_path / "state", port, "--metrics-port", str(metrics_port), *limits)
+    try:
+        ready(f"http://127.0.0.1:{port}", proc)
+        metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        for host in ("evil.example", f"evil.example:{metrics_port}"):  # DNS rebinding
+            r = httpx.get(metrics, headers={"Host": host})
+            assert r.status_code == 421 and is_envelope(r)["code"] == "host_not_allowed"
+            assert "batchclient_" not in r.text
+        for host in ("localhost", f"127.0.0.1:{metrics_port}", "api.example"):
+            assert httpx.get(metrics, headers={"Host": host}).status_code == 200
+        get = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        big = _exchange(metrics_port, get + b"X-Pad: " + b"p" * 20_000 + b"\r\n\r\n")
+        assert big.startswith(b"HTTP/1.1 400") and b"invalid_http_request" in big, big[:300]
+        # the connection cap: a fourth connection evicts the longest idle one
+        idle = [socket.create_connection(("127.0.0.1", metrics_port)) for _ in range(3)]
+        time.sleep(0.2)
+        assert _exchange(metrics_port, get + b"\r\n").startswith(b"HTTP/1.1 200")
+        idle[0].settimeout(2.5)
+        assert idle[0].recv(1) == b""  # long before the header timeout
+        # the header timeout: a connection that sends nothing is closed
+        for sock in idle[1:]:
+            sock.settimeout(30)
+            started = time.monotonic()
+            assert sock.recv(1) == b""
+            assert time.monotonic() - started < 20
+        for sock in idle:
+            sock.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
 def test_serve_stops_cleanly_when_its_metrics_port_is_taken(tmp_path: Path) -> None:
-    import socket
     import subprocess
     import sys
 

@@ -19,7 +19,7 @@ from batchclient.server import _page_render, create_app
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from chromium_util import CHROMIUM, SKIP_REASON, Chromium
 from jobs_util import jsonl, line
-from server_util import KEY_A, KEY_B, batch_file, sdk, wait_batch
+from server_util import KEY_A, KEY_B, batch_file, is_envelope, sdk, wait_batch
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 BAD_ANSWER = {"error": {"message": "bad <b>request</b> " + HOSTILE, "type": "invalid_request"}}
@@ -116,6 +116,27 @@ def test_with_keys_the_page_signs_in_with_a_session_cookie_that_opens_only_the_p
             assert 'name="key"' in httpx.get(f"{url}/", cookies={"batchclient_session": token}).text
         by_header = httpx.get(f"{url}/", headers={"Authorization": f"Bearer {KEY_B}"})
         assert b_batch in by_header.text and a_batch not in by_header.text
+
+
+def test_a_sign_in_form_too_long_or_with_too_many_fields_is_a_400(tmp_path: Path) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    many = "&".join(f"f{i}=v" for i in range(20)) + f"&key={KEY_A}"
+    with (
+        _stub() as stub,
+        AppServer(_app(stub, tmp_path, [KEY_A])) as url,
+        httpx.Client(base_url=url) as browser,
+    ):
+        for body in (
+            many.encode(),
+            f"key={KEY_A}&pad=".encode() + b"p" * 5000,
+            iter([f"key={KEY_A}&pad=".encode(), b"p" * 3000, b"p" * 3000]),  # chunked
+        ):
+            r = browser.post("/signin", content=body, headers=form)
+            assert r.status_code == 400, r.text
+            assert is_envelope(r)["type"] == "invalid_request_error"
+            assert "set-cookie" not in r.headers
+        signed = browser.post("/signin", data={"key": KEY_A})  # still signs in
+        assert signed.status_code == 303 and "batchclient_session" in browser.cookies
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)

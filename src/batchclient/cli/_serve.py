@@ -75,7 +75,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="also serve GET /metrics on 127.0.0.1:PORT without keys (it is served on the main "
-        "port too, behind the keys)",
+        "port too, behind the keys); the same Host names and connection limits apply",
     )
     p.add_argument(
         "--allowed-host",
@@ -250,14 +250,16 @@ def serve_command(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, remember) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        anyio.run(_serve, app, args, received)
+        anyio.run(_serve, app, args, received, hosts)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 130 if signal.SIGINT in received else 0
 
 
-async def _serve(app: object, args: argparse.Namespace, received: list[int]) -> None:
+async def _serve(
+    app: object, args: argparse.Namespace, received: list[int], hosts: list[str]
+) -> None:
     import uvicorn
     from fastapi import FastAPI
 
@@ -290,9 +292,10 @@ async def _serve(app: object, args: argparse.Namespace, received: list[int]) -> 
             def capture_signals(self) -> Any:
                 return contextlib.nullcontext()
 
+        # the main port's Host list and connection limits: no key here, but no stranger either
         metrics = uvicorn.Config(
-            metrics_app(app.state.metrics), host="127.0.0.1", port=args.metrics_port,
-            lifespan="off", log_config=None, access_log=False,
+            metrics_app(app.state.metrics, allowed_hosts=hosts), host="127.0.0.1",
+            port=args.metrics_port, lifespan="off", log_config=None, access_log=False, **limits,
         )  # fmt: skip
         others.append(Quiet(metrics))
     await serve_starting(app, uvicorn.Server(config), *others)

@@ -7,7 +7,8 @@ any provider (guide: ``docs/server.md``).
 - :func:`is_loopback`: whether a host to bind is reachable only from this machine;
 - :func:`serve_starting`: serve an app on uvicorn while its lifespan starts (probes answer
   at once, ``/ready`` once started), as ``batchclient serve`` does;
-- :func:`metrics_app`: an ASGI app of ``GET /metrics`` alone, for a port of its own;
+- :func:`metrics_app`: an ASGI app of ``GET /metrics`` alone, for a port of its own (with the
+  ``Host`` allow-list);
 - :func:`http_protocol`: uvicorn's HTTP protocol answering the requests its parser refuses (an
   over-long URL) in OpenAI's envelope: ``uvicorn.Config(app, http=http_protocol())``;
 - :func:`uvicorn_options`: ``uvicorn.Config`` arguments bounding connections (a header timeout,

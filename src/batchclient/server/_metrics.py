@@ -12,8 +12,9 @@
   that ended (at start, and later when a scan finds one);
 - counted by the ASGI middleware :class:`HTTPMetrics`: ``batchclient_http_requests_total{method,
   route,status,tenant}`` and ``batchclient_http_request_duration_seconds{method,route}``.
-  ``route`` is the route's template (``/v1/batches/{batch_id}``), ``unmatched`` for an unknown
-  path, so series stay few whatever clients send.
+  ``route`` is the route's template (``/v1/batches/{batch_id}``; the status page's ``/``,
+  ``/signin``, ``/signout``), ``unmatched`` for an unknown path, so series stay few whatever
+  clients send.
 
 ``tenant`` is the tenant id (``default`` without keys, else the SHA-256-derived id of its key
 that names its state directory): never a key.
@@ -46,7 +47,8 @@ from .._core.request import Request as ProviderRequest
 from .._core.request import Result
 from ..jobs import StatusTotals
 from ..types import BatchStatus
-from ._middleware import TENANT_SCOPE_KEY
+from ._guard import Guard
+from ._middleware import ROUTE_SCOPE_KEY, TENANT_SCOPE_KEY
 from ._tenants import Tenants
 
 _STATUSES = sorted(
@@ -255,7 +257,7 @@ class HTTPMetrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", None)
+            route = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY)
             template = route or (scope["path"] if scope["path"] in _PROBES else "unmatched")
             method = scope["method"] if scope["method"] in _METHODS else "other"
             tenant = getattr(scope.get(TENANT_SCOPE_KEY), "id", "none")
@@ -268,9 +270,12 @@ _PROBES = frozenset({"/health", "/ready"})  # answered before routing, by the Pr
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
-def metrics_app(metrics: Metrics) -> ASGIApp:
+def metrics_app(metrics: Metrics, *, allowed_hosts: Iterable[str] = ()) -> ASGIApp:
     """A bare ASGI app answering ``GET /metrics`` only (for a port of its own, on loopback,
-    without keys); 404 for anything else."""
+    without keys); 404 for anything else. A ``Host`` that is neither a loopback name nor one of
+    ``allowed_hosts`` gets 421, as on the main port (a page elsewhere rebinding its name to
+    127.0.0.1 must not read the series). Serve it with the main port's
+    :func:`~batchclient.server.uvicorn_options` for the same connection limits."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -282,4 +287,4 @@ def metrics_app(metrics: Metrics) -> ASGIApp:
             response = Response(b"not found\n", status_code=404, media_type="text/plain")
         await response(scope, receive, send)
 
-    return app
+    return Guard(app, allowed_hosts=allowed_hosts)

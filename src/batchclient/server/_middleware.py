@@ -23,6 +23,8 @@ from ._tenants import Tenant, Tenants
 logger = logging.getLogger("batchclient.server")
 
 TENANT_SCOPE_KEY = "batchclient.tenant"
+ROUTE_SCOPE_KEY = "batchclient.route"
+"""The template of a route a middleware answers itself (the status page's), for the metrics."""
 
 
 class AccessLog:

@@ -23,11 +23,13 @@ from collections import OrderedDict
 from urllib.parse import parse_qs
 
 from anyio import to_thread
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..jobs import JobManager
+from ._errors import error_response
+from ._middleware import ROUTE_SCOPE_KEY
 from ._page_render import Capacity, LineError, sign_in_page, status_page
 from ._tenants import Tenant, Tenants
 
@@ -37,6 +39,8 @@ SESSION_S = 12 * 3600
 MAX_SESSIONS = 10_000
 """Sessions kept at most (the oldest are forgotten first)."""
 MAX_FORM_BYTES = 4096
+MAX_FORM_FIELDS = 10
+"""The sign-in form's limits; a longer form gets 400 in OpenAI's error envelope."""
 PAGE_BATCHES = 50
 """Batches shown, newest first."""
 ERRORS_PER_BATCH = 3
@@ -97,6 +101,7 @@ class StatusPage:
         if scope["type"] != "http" or route not in _ROUTES:
             await self.app(scope, receive, send)
             return
+        scope[ROUTE_SCOPE_KEY] = route[1]  # the metrics' label: a template, not the raw path
         request = Request(scope, receive)
         response = await getattr(self, _ROUTES[route])(request)
         response.headers.update(_HEADERS)
@@ -119,11 +124,17 @@ class StatusPage:
         if not self.tenants.keyed:
             return RedirectResponse(scope_root(request) + "/", status_code=303)
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM_BYTES:
-                return HTMLResponse(sign_in_page("That form was too long."), status_code=413)
-        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM_BYTES:
+                    return error_response(400, f"the sign-in form is over {MAX_FORM_BYTES} bytes")
+        except ClientDisconnect:
+            return error_response(400, "the client closed the connection during the request")
+        try:
+            fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=MAX_FORM_FIELDS)
+        except ValueError:  # more fields than that
+            return error_response(400, f"the sign-in form has over {MAX_FORM_FIELDS} fields")
         key = (fields.get("key") or [""])[0].strip()
         tenant = self.tenants.authenticate(b"Bearer " + key.encode()) if key else None
         if tenant is None:
