@@ -117,6 +117,28 @@ async def test_an_absurd_completion_window_is_a_configuration_error(
         assert await client.batches.list() == []
 
 
+def test_a_bad_range_on_a_download_is_a_400_or_416_envelope(servers: Servers) -> None:
+    url = servers.start(api_keys=[KEY_A])
+    content = batch_file(2)
+    size = len(content)
+    upload = sdk(url).files.create(file=("in.jsonl", content), purpose="batch")
+    path = f"/v1/files/{upload.id}/content"
+    with http(url) as c:
+        for header in ("bytes", "items=0-10", "bytes=5-2", "bytes=x-y", "bytes=,"):
+            r = c.get(path, headers={"Range": header})
+            assert r.status_code == 400, (header, r.status_code, r.text)
+            assert is_envelope(r)["type"] == "invalid_request_error", header
+        for header in (f"bytes={size}-", f"bytes={size + 10}-{size + 20}", "bytes=-0"):
+            r = c.get(path, headers={"Range": header})
+            assert r.status_code == 416, (header, r.status_code, r.text)
+            assert r.headers["content-range"] == f"bytes */{size}"
+            assert is_envelope(r)["code"] == "range_not_satisfiable"
+        r = c.get(path, headers={"Range": "bytes=0-9"})  # a good range still works
+        assert r.status_code == 206 and r.content == content[:10]
+        assert r.headers["content-range"] == f"bytes 0-9/{size}"
+        assert c.get(path).content == content
+
+
 def test_idempotency_compares_the_request_not_its_spelling(servers: Servers) -> None:
     """The same request with and without its defaulted fields is the same request (the same
     batch back); another request under the key is still a 422."""

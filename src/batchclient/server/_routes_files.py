@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from ..types import FileObject
 from ._errors import APIError, clip, found
@@ -99,7 +100,45 @@ async def file_content(request: Request, file_id: str) -> FileResponse:
     """The bytes, streamed from disk in chunks (Starlette's ``FileResponse``; ranges work)."""
     with found("file", file_id, "file_id"):
         path = await tenant_of(request).client.files.path(file_id)
-    return FileResponse(path, media_type="application/octet-stream")
+    return _Download(path, media_type="application/octet-stream")
+
+
+class _Download(FileResponse):
+    """Starlette's ``FileResponse`` with its refusals of a ``Range`` header (plain text: 400
+    malformed, 416 not satisfiable) raised as :class:`APIError`, answered in the envelope.
+    Its own answers are only ever 200 and 206, so any other status is such a refusal."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal: dict[str, Any] = {}
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] not in (200, 206):
+                refusal.update(message, body=b"")
+                return
+            if not refusal:
+                await send(message)
+                return
+            refusal["body"] += message.get("body", b"")
+            if not message.get("more_body", False):
+                raise _range_error(refusal)
+
+        await super().__call__(scope, receive, sending)
+
+
+def _range_error(refusal: dict[str, Any]) -> APIError:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in refusal["headers"]}
+    if refusal["status"] == 416:
+        size = headers.get("content-range", "bytes */?").rsplit("/", 1)[-1]
+        return APIError(
+            416,
+            f"Range: no requested byte is within the file ({size} bytes)",
+            code="range_not_satisfiable",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+    reason = refusal["body"].decode("utf-8", "replace").strip().removeprefix("Range header: ")
+    return APIError(
+        refusal["status"], f"invalid Range header: {reason or 'malformed'}", code="invalid_range"
+    )
 
 
 @router.delete("/files/{file_id}")
