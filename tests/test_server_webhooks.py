@@ -96,6 +96,13 @@ def receiver() -> Iterator[Receiver]:
         server.server_close()
 
 
+def test_logs_show_a_webhook_url_without_its_path_or_query() -> None:
+    # Slack's and Discord's webhook URLs carry their token in the path
+    hook = Webhook.parse("https://hooks.example.com:8443/services/T0/B0/s3cr3t?sig=x", SECRET)
+    assert hook.shown == "https://hooks.example.com:8443/…"
+    assert "s3cr3t" not in repr(hook) and Webhook.parse("http://h", SECRET).shown == "http://h"
+
+
 def test_signature_is_the_standard_webhooks_recipe() -> None:
     # the example of the Standard Webhooks specification (its test vector)
     key = base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")

@@ -102,11 +102,14 @@ SCHEMA = Schema("webhooks", (Migration(1, _create),))
 
 @dataclass(frozen=True)
 class Webhook:
-    """Where events go (``url``) and the key they are signed with (the decoded secret; never
-    shown by ``repr``). Make one with :meth:`parse`."""
+    """Where events go (``url``) and the key they are signed with (the decoded secret). Neither
+    the key nor the URL's path or query is shown by ``repr``. Make one with :meth:`parse`."""
 
     url: str
     key: bytes = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"Webhook({self.shown!r})"
 
     @classmethod
     def parse(cls, url: str, secret: str) -> Webhook:
@@ -138,10 +141,12 @@ class Webhook:
 
     @property
     def shown(self) -> str:
-        """The URL for logs: scheme, host, port and path (a query may hold a token)."""
+        """The URL for logs: scheme, host and port only (a path or query may hold a token, as
+        Slack's and Discord's webhook URLs do)."""
         parts = urlsplit(self.url)
         port = f":{parts.port}" if parts.port else ""
-        return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"
+        rest = "/…" if parts.path.strip("/") or parts.query else ""
+        return f"{parts.scheme}://{parts.hostname}{port}{rest}"
 
 
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
