@@ -223,6 +223,61 @@ def test_a_plain_answer_is_staged_untracked_and_built_the_same() -> None:
         assert built.cached
 
 
+def _parts(model: Any) -> Any:
+    """Everything a pydantic instance holds, nested models included: class, field values, which
+    fields were set, extras and private attributes."""
+    if isinstance(model, list):
+        return [_parts(m) for m in model]
+    if not isinstance(model, ChatCompletionResponse | CompletionMessage | MetricInResponse):
+        return (type(model), model)
+    return (
+        type(model),
+        {k: _parts(v) for k, v in model.__dict__.items()},
+        model.model_fields_set,
+        model.__pydantic_extra__,
+        model.__pydantic_private__,
+    )
+
+
+@pytest.mark.parametrize("custom_id", [None, "x"])
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_staged_answer_is_built_as_the_models_validate_it(
+    custom_id: str | None, finish: str
+) -> None:
+    """The build skips checks already made, and nothing else: the instances are those the
+    models' own validation gives for the same fields, down to the fields set and the metric
+    values' type (an int usage and the cached flag become floats)."""
+    req = Request(index=0, body={}, custom_id=custom_id)
+    result = _ok(
+        {
+            "choices": [{"message": {"content": "hi"}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    )
+    result.extra["cached"] = True
+    staged = stage_response(req, result)
+    assert type(staged) is tuple
+    validated = ChatCompletionResponse.model_validate(
+        {
+            "completion_message": {"content": "hi", "stop_reason": staged[1], "tool_calls": []},
+            "logprobs": None,
+            "metrics": [
+                {"metric": "prompt_tokens", "value": 3, "unit": "tokens"},
+                {"metric": "completion_tokens", "value": 1, "unit": "tokens"},
+                {"metric": "total_tokens", "value": 4, "unit": "tokens"},
+                {"metric": "latency", "value": 0.5, "unit": "s"},
+                {"metric": "cached", "value": 1},
+            ],
+            "custom_id": custom_id,
+        }
+    )
+    built = build_response(staged)
+    assert _parts(built) == _parts(validated)
+    assert built.metrics is not None
+    assert all(type(m.value) is float for m in built.metrics)
+    assert built.model_dump_json() == validated.model_dump_json()
+
+
 def test_staged_answers_are_built_into_the_oldest_generation_and_the_collector_restored() -> None:
     """Built at the end of a call, answers go straight to the collector's oldest generation;
     the collector is left as it was: enabled or disabled, and what the caller froze stays
@@ -341,3 +396,20 @@ def test_http_error_with_non_json_body() -> None:
     result = http_error(502, b"<html>bad gateway</html>")
     assert result.error is not None and result.error.code == "server_error"
     assert "bad gateway" in result.error.message
+
+
+def test_plain_conversations_get_the_bodies_build_body_makes_and_no_shared_lists() -> None:
+    """The common body (plain text messages, nothing but sampling) is made without build_body's
+    conversions but is the same; a ``stop`` list is never shared between two bodies."""
+    from batchclient._core.encode import chat_requests
+
+    conversations = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    for params in (SamplingParams(max_tokens=5), SamplingParams(stop=["\\n"], max_tokens=2)):
+        requests = list(chat_requests("m", conversations, params))
+        for conversation, request in zip(conversations, requests, strict=True):
+            assert request.body == build_body("m", conversation, params)
+            assert request.response_schema is None and request.tool_schemas is None
+        bodies = [r.body for r in requests]
+        assert bodies[0] is not bodies[1]
+        if "stop" in bodies[0]:
+            assert bodies[0]["stop"] is not bodies[1]["stop"]

@@ -272,10 +272,16 @@ def chat_requests(
         else None
     )
 
+    # the sampling fields of each distinct SamplingParams, converted once (a call usually gives
+    # one for every conversation); those with a ``stop`` list are converted per body, so no
+    # two bodies share a list
+    sampling_wire: dict[int, dict[str, Any]] = {}
+
     def build(i: int, custom_id: str | None) -> Request:
         fmt = formats[i]
         try:
             messages: list[Message] | list[dict[str, Any]] | None = plain_wire(messages_batch[i])
+            plain = messages is not None
             if messages is None:
                 messages = coerce_messages(list(messages_batch[i]))
             if not messages:
@@ -289,6 +295,20 @@ def chat_requests(
                     ErrorCode.invalid_request, f"bad conversation: {_why(exc)}", param="messages"
                 ),
             )
+        logprobs = per_item_logprobs[i]
+        if plain and wire_tools is None and fmt is None and logprobs is None:
+            # the common body, as build_body makes it, without its per-item conversions
+            sampling = params[i]
+            fields = sampling_wire.get(id(sampling))
+            if fields is None:
+                fields = sampling_to_wire(sampling)
+                if "stop" not in fields:
+                    sampling_wire[id(sampling)] = fields
+            body: dict[str, Any] = {"model": model, "messages": messages}
+            body.update(fields)
+            return Request(
+                index=i, body=body, custom_id=custom_id, tool_prompt_format=prompt_format
+            )
         body = build_body(
             model,
             messages,
@@ -296,7 +316,7 @@ def chat_requests(
             tools=wire_tools,
             tool_choice=tool_choice,
             response_format=fmt,
-            logprobs=per_item_logprobs[i],
+            logprobs=logprobs,
         )
         return Request(
             index=i,

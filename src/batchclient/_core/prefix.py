@@ -59,13 +59,14 @@ def group_by_prefix(requests: Iterable[Request], look_ahead: int = LOOK_AHEAD) -
     relative to the groups around them."""
     source = iter(requests)
     while chunk := list(itertools.islice(source, look_ahead)):
+        keys = [prefix_key(request) for request in chunk]
+        keyed = [key for key in keys if key is not None]
+        if len(set(keyed)) == len(keyed):  # nothing shared: as it came (no group built)
+            yield from chunk
+            continue
         groups: dict[object, list[Request]] = {}
-        for request in chunk:
-            key = prefix_key(request)
+        for request, key in zip(chunk, keys, strict=True):
             # unkeyed: a group of its own (its index is unique within the call)
             groups.setdefault(("k", key) if key is not None else request.index, []).append(request)
-        if len(groups) == len(chunk):  # nothing shared: as it came
-            yield from chunk
-        else:
-            for group in groups.values():
-                yield from group
+        for group in groups.values():
+            yield from group

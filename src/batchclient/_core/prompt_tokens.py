@@ -83,7 +83,11 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     if parts is not None:
         return sum(_chars(p) if isinstance(p, str) else len(p) for p in parts)
     messages = body.get("messages") or []
-    chars = sum(len(_text(m.get("content"))) for m in messages if isinstance(m, dict))
+    chars = 0
+    for m in messages:  # once per request sent: a loop, not a generator of calls
+        if isinstance(m, dict):
+            content = m.get("content")
+            chars += len(content) if type(content) is str else len(_text(content))
     if body.get("tools"):
         chars += len(str(body["tools"]))
     return -(-chars // CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_REPLY

@@ -117,12 +117,13 @@ class ProgressTracker:
             self.completed += 1
         else:
             self.failed += 1
-        if result.cached:
+        cached = result.cached  # read once: this runs once per result
+        if cached:
             self.cache_hits += 1
-        usage = (result.body or {}).get("usage") if result.body else None
+        usage = result.body.get("usage") if result.body else None
         refused = result.status_code is not None and not 200 <= result.status_code < 300
         # a cache hit generated nothing; a refusal's body (kept as sent) counts for nothing
-        if isinstance(usage, dict) and not result.cached and not refused:
+        if isinstance(usage, dict) and not cached and not refused:
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
         if self.callback is not None:

@@ -339,7 +339,8 @@ class Dispatcher:
             self._grant(model)
 
     def waiting(self, model: str) -> int:
-        return sum(len(self._waiters.get((model, kind)) or ()) for kind in (_NEW, _RETRY))
+        waiters = self._waiters  # read once per success: no generator
+        return len(waiters.get((model, _NEW)) or ()) + len(waiters.get((model, _RETRY)) or ())
 
     # ------------------------------------------------------------------ outcomes
 

@@ -38,12 +38,10 @@ class RateBuckets:
     ) -> None:
         self.requests = AsyncLimiter(rpm, period_s) if rpm else None
         self.tokens = AsyncLimiter(tpm, period_s) if tpm else None
+        self.active = self.requests is not None or self.tokens is not None
+        """Whether any bucket is set (read twice per request: a plain attribute)."""
         self.output_tokens_estimate = float(initial_output_tokens)
         self._answers = 0
-
-    @property
-    def active(self) -> bool:
-        return self.requests is not None or self.tokens is not None
 
     def estimate(self, body: dict[str, Any]) -> float:
         """The token cost charged before sending ``body``."""

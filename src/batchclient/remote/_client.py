@@ -566,7 +566,13 @@ def _parse_success(
     """A 2xx answer: the endpoint's object (``choices`` for completions, ``data`` for
     embeddings), or ``bad_upstream_response`` with an excerpt (never an empty success:
     vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm #13139)."""
-    body = _parse_json(raw) if parsed is None else parsed
+    if parsed is not None:
+        body = parsed
+    else:
+        try:  # load_json's first step inline: this runs once per answer
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = _parse_json(raw)
     if isinstance(body, _NotJson):
         return _bad_upstream(status, f"answer is not JSON: {redactor.excerpt(raw)}")
     if not isinstance(body, dict):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextvars
 import ssl
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,30 +63,21 @@ class HttpResponse:
     body: bytes | bytearray
 
 
-class _Stale(Exception):
-    """A pooled connection failed before any byte of the answer."""
-
-
-_reused: contextvars.ContextVar[bool] = contextvars.ContextVar("batchclient_reused", default=False)
+# Connections this task has opened (a count that only grows): a request that failed on a
+# connection it did not open itself was sent on a pooled one. Read twice per request, only
+# written when a connection is opened, which is rare with keep-alive.
+_opened: contextvars.ContextVar[int] = contextvars.ContextVar("batchclient_opened", default=0)
 
 
 class _Connector(aiohttp.TCPConnector):
-    """Records whether the connection a request got had carried a request before."""
+    """Counts the connections each task opens (``_opened``)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._used: weakref.WeakSet[Any] = weakref.WeakSet()
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+        _opened.set(_opened.get() + 1)
+        return await super()._create_connection(req, traces, timeout)
 
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
-        conn = await super().connect(req, traces, timeout)
-        proto = conn.protocol
-        used = self._used
-        if proto in used:
-            _reused.set(True)
-        else:
-            _reused.set(False)
-            used.add(proto)
-        return conn
+
+_SEND_ERRORS = (aiohttp.ClientError, ValueError, TimeoutError)
 
 
 class Transport:
@@ -180,25 +170,8 @@ class Transport:
         session = self._session
         if session is None:
             session = self._session = self._open()
-        try:
-            return await self._exchange(session, method, url, body, timeout)
-        except _Stale:
-            fresh = self._fresh
-            if fresh is None:
-                fresh = self._fresh = self._open(fresh=True)
-            try:
-                return await self._exchange(fresh, method, url, body, timeout)
-            except _Stale as stale:
-                raise HttpError(str(stale)) from None
-
-    async def _exchange(
-        self,
-        session: aiohttp.ClientSession,
-        method: str,
-        url: URL,
-        body: bytes | None,
-        timeout: float,  # noqa: ASYNC109
-    ) -> HttpResponse:
+        # sent and read here, in one coroutine: this runs once per request
+        opened = _opened.get()
         try:
             resp = await session.request(
                 method,
@@ -209,16 +182,10 @@ class Transport:
                 proxy=self._proxy,
                 proxy_headers=self._proxy_headers,
             )
-        except (errors.ServerDisconnectedError, errors.ClientOSError) as exc:
-            if not isinstance(exc, errors.ClientConnectorError) and _reused.get():
-                raise _Stale(self._describe(exc)) from None
-            raise HttpError(self._describe(exc)) from None
-        except TimeoutError as exc:
-            if isinstance(exc, errors.ConnectionTimeoutError):
-                raise HttpError(f"cannot connect to {self._where()}: timed out") from None
-            raise HttpTimeout() from None
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise HttpError(self._describe(exc)) from None
+        except _SEND_ERRORS as exc:
+            if not _stale(exc) or _opened.get() != opened:
+                raise self._send_failure(exc) from None
+            resp = await self._send_fresh(method, url, body, timeout)
         try:
             length = resp.content_length
             if (
@@ -240,6 +207,38 @@ class Transport:
             raise
         resp.release()
         return HttpResponse(resp.status, resp.headers, data)
+
+    async def _send_fresh(
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        timeout: float,  # noqa: ASYNC109
+    ) -> aiohttp.ClientResponse:
+        """Send again on a new connection, after a pooled one went stale."""
+        fresh = self._fresh
+        if fresh is None:
+            fresh = self._fresh = self._open(fresh=True)
+        try:
+            return await fresh.request(
+                method,
+                url,
+                data=body,
+                timeout=self._timeout(timeout),
+                allow_redirects=False,
+                proxy=self._proxy,
+                proxy_headers=self._proxy_headers,
+            )
+        except _SEND_ERRORS as exc:
+            raise self._send_failure(exc) from None
+
+    def _send_failure(self, exc: BaseException) -> Exception:
+        """What a failure to send (no answer yet) raises: ``HttpTimeout`` or ``HttpError``."""
+        if isinstance(exc, TimeoutError) and not isinstance(exc, errors.ClientOSError):
+            if isinstance(exc, errors.ConnectionTimeoutError):
+                return HttpError(f"cannot connect to {self._where()}: timed out")
+            return HttpTimeout()
+        return HttpError(self._describe(exc))
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes | bytearray:
         cap = self.max_response_bytes
@@ -287,3 +286,11 @@ class Transport:
             if session is not None:
                 await session.close()
         self._session = self._fresh = None
+
+
+def _stale(exc: BaseException) -> bool:
+    """Whether a failure to send is what a pooled connection the server closed meanwhile gives
+    (reset or closed before any byte of the answer; never a failure to connect)."""
+    return isinstance(
+        exc, errors.ServerDisconnectedError | errors.ClientOSError
+    ) and not isinstance(exc, errors.ClientConnectorError)
