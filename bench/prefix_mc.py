@@ -2,19 +2,26 @@
 ``vllm`` backend on a task whose every question follows the same five shots.
 
 The task is ``tests/prefix_mc_task.py``'s (500 questions x 4 choices = 2,000 requests after one
-5-shot prefix of over 400 tokens), built by lm-eval from its YAML. Each mode runs in its own
+5-shot prefix of over 400 tokens), built by lm-eval from its YAML, in the variant ``--choices``
+names: ``letters`` (default; MMLU's layout, the options listed in the question and the choices
+``" A"`` to ``" D"``, one token each) or ``numbers`` (the numbers themselves, 3-7 tokens each).
+Each mode runs in its own
 process, one after the other, on the same engine settings (float32, 512 MiB KV cache,
 ``max_model_len`` 2048, vLLM's prefix caching on), timed around ``LM.loglikelihood`` after a
 warm-up of 8 requests:
 
-- ``ll-inline``: ``BatchClientLM(provider="vllm")``;
+- ``ll-inline``: ``BatchClientLM(provider="vllm")`` (one-token continuations scored by a
+  generation request that reads the prefix cache; ``--no-single-token-scoring`` turns that off);
 - ``ll-vllm``: lm-eval's ``vllm`` backend (``batch_size=auto``: one ``LLM.generate``).
 
 Prints each mode's requests/s, their ratio, and the largest difference between the two modes'
-log-likelihoods; writes ``bench/results/prefix_mc.json``. Needs the vLLM lock on a shared
-machine (about 10 minutes on 2 cores):
+log-likelihoods, and whether both chose the same answer for every question; writes
+``bench/results/prefix_mc_<choices>.json`` (``prefix_mc_<choices>_off.json`` with
+``--no-single-token-scoring``). Needs the vLLM lock on a shared machine (about 10 minutes on 2
+cores):
 
-    flock /tmp/bc-engine.lock python bench/prefix_mc.py [--questions 500]
+    flock /tmp/bc-engine.lock python bench/prefix_mc.py [--choices letters|numbers]
+        [--questions 500] [--no-single-token-scoring]
 """
 
 from __future__ import annotations
@@ -38,18 +45,20 @@ WARMUP = 8
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
-def _instances(questions: int) -> list[Any]:
+def _instances(questions: int, choices: str) -> list[Any]:
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    from prefix_mc_task import PREFIX_MC_TASK, write_task
+    from prefix_mc_task import TASKS, write_task
 
-    folder = write_task(Path(tempfile.mkdtemp(prefix="bench-prefix-mc-")), questions)
-    task = get_task_dict([PREFIX_MC_TASK], TaskManager(include_path=str(folder)))[PREFIX_MC_TASK]
+    folder = Path(tempfile.mkdtemp(prefix="bench-prefix-mc-"))
+    write_task(folder, questions, variant=choices)  # type: ignore[arg-type]
+    name = TASKS[choices]
+    task = get_task_dict([name], TaskManager(include_path=str(folder)))[name]
     task.build_all_requests(limit=None, rank=0, world_size=1)
     return list(task.instances)
 
 
-def _model(mode: str) -> Any:
+def _model(mode: str, single_token_scoring: bool) -> Any:
     from batchclient.integrations.lm_eval import BatchClientLM, fix_vllm_version_lookup
     from batchclient.models import bundled_model_path
 
@@ -58,7 +67,9 @@ def _model(mode: str) -> Any:
         "enable_prefix_caching": True,
     }  # fmt: skip
     if mode == "ll-inline":
-        return BatchClientLM(provider="vllm", cache=False, **common)
+        return BatchClientLM(
+            provider="vllm", cache=False, single_token_scoring=single_token_scoring, **common
+        )
     fix_vllm_version_lookup()
     from lm_eval.models.vllm_causallms import VLLM
 
@@ -67,9 +78,9 @@ def _model(mode: str) -> Any:
     )
 
 
-def child(mode: str, questions: int) -> dict[str, Any]:
-    instances = _instances(questions)
-    model = _model(mode)
+def child(mode: str, questions: int, choices: str, single_token_scoring: bool) -> dict[str, Any]:
+    instances = _instances(questions, choices)
+    model = _model(mode, single_token_scoring)
     model.loglikelihood(instances[:WARMUP], disable_tqdm=True)
     started = time.perf_counter()
     scores = model.loglikelihood(instances, disable_tqdm=True)
@@ -84,12 +95,16 @@ def child(mode: str, questions: int) -> dict[str, Any]:
     }
 
 
-def _spawn(mode: str, questions: int) -> dict[str, Any]:
+def _spawn(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, **OFFLINE, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}"}
     with tempfile.TemporaryDirectory(prefix="bench-prefix-mc-child-") as tmp:
         out = Path(tmp) / "result.json"
-        args = ["--child", mode, "--questions", str(questions), "--result", str(out)]
-        code = subprocess.call([sys.executable, __file__, *args], env=env, timeout=3600)
+        argv = [
+            "--child", mode, "--questions", str(args.questions), "--choices", args.choices,
+            "--result", str(out),
+            *([] if args.single_token_scoring else ["--no-single-token-scoring"]),
+        ]  # fmt: skip
+        code = subprocess.call([sys.executable, __file__, *argv], env=env, timeout=3600)
         if code != 0 or not out.exists():
             return {"error": f"exit {code}"}
         return dict(json.loads(out.read_text()))
@@ -98,24 +113,39 @@ def _spawn(mode: str, questions: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=500)
+    parser.add_argument("--choices", choices=["letters", "numbers"], default="letters")
+    parser.add_argument(
+        "--no-single-token-scoring", dest="single_token_scoring", action="store_false"
+    )
     parser.add_argument("--child")
     parser.add_argument("--result")
     args = parser.parse_args()
     if args.child:
-        Path(args.result).write_text(json.dumps(child(args.child, args.questions)))
+        result = child(args.child, args.questions, args.choices, args.single_token_scoring)
+        Path(args.result).write_text(json.dumps(result))
         return
-    runs = {mode: _spawn(mode, args.questions) for mode in ("ll-inline", "ll-vllm")}
+    runs = {mode: _spawn(mode, args) for mode in ("ll-inline", "ll-vllm")}
     inline, lm_eval = runs["ll-inline"], runs["ll-vllm"]
     summary: dict[str, Any] = {
-        mode: {k: v for k, v in r.items() if k != "logprobs"} for mode, r in runs.items()
+        "choices": args.choices,
+        "questions": args.questions,
+        "single_token_scoring": args.single_token_scoring,
+        **{mode: {k: v for k, v in r.items() if k != "logprobs"} for mode, r in runs.items()},
     }
     if "error" not in inline and "error" not in lm_eval:
+        ours, theirs = inline["logprobs"], lm_eval["logprobs"]
         summary["ratio"] = inline["requests_per_s"] / lm_eval["requests_per_s"]
-        summary["max_logprob_diff"] = max(
-            abs(a - b) for a, b in zip(inline["logprobs"], lm_eval["logprobs"], strict=True)
-        )
+        summary["max_logprob_diff"] = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
+        summary["same_answers"] = _answers(ours) == _answers(theirs)
     print(json.dumps(summary, indent=2))
-    (ROOT / "bench" / "results" / "prefix_mc.json").write_text(json.dumps(summary, indent=2))
+    name = f"prefix_mc_{args.choices}{'' if args.single_token_scoring else '_off'}.json"
+    (ROOT / "bench" / "results" / name).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _answers(logprobs: list[float]) -> list[int]:
+    """Each question's chosen choice (the highest log-likelihood of its four)."""
+    groups = [logprobs[i : i + 4] for i in range(0, len(logprobs), 4)]
+    return [group.index(max(group)) for group in groups]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from batchclient import EmbeddingResponse, ErrorCode
+from batchclient._core.request import Result
+from batchclient._core.scoring import loglikelihood_requests, to_loglikelihood
 from batchclient.inline._completions import (
     DEFAULT_MAX_TOKENS,
     check_prompt_length,
@@ -18,6 +20,7 @@ from batchclient.inline._completions import (
     legacy_logprobs,
     map_completion_body,
     map_embedding_body,
+    next_token_prompt_logprobs,
     prompt_logprobs_json,
 )
 from batchclient.inline._mapping import Refusal
@@ -111,3 +114,27 @@ def test_base64_vectors_are_little_endian_float32() -> None:
     assert struct.unpack("<2f", base64.b64decode(text)) == (0.5, -2.0)
     assert EmbeddingResponse(embedding=text).vector == [0.5, -2.0]
     assert encode_vector([1, 2], "float") == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("token", "logprob", "greedy", "greedy_logprob", "is_greedy"),
+    [
+        (7, -0.25, 7, -0.25, True),  # the continuation is the greedy token
+        (7, -3.5, 9, -0.5, False),
+        (7, -0.5, 9, -0.5, True),  # a tie: as high as the best, lm-eval's rule
+        (7, float("-inf"), 9, -0.5, False),  # clamped to vLLM's floor, as every logprob
+    ],
+)
+def test_a_next_token_answer_scores_as_prompt_logprobs_would(
+    token: int, logprob: float, greedy: int, greedy_logprob: float, is_greedy: bool
+) -> None:
+    """The one-token way's answer (context of 3 tokens) is read by the scoring code that reads
+    ``prompt_logprobs``: the continuation's log-probability, greedy when it is the best."""
+    [request] = loglikelihood_requests("m", [([1, 2, 3], [token])], None, None)
+    entries = next_token_prompt_logprobs(3, token, logprob, greedy, greedy_logprob)
+    assert entries[:3] == [None, None, None] and len(entries) == 4
+    assert entries[3][str(greedy)]["rank"] == 1  # type: ignore[index]
+    body = {"choices": [{"prompt_logprobs": entries}]}
+    score = to_loglikelihood(request, Result(status_code=200, body=body))
+    assert score.error is None and score.num_tokens == 1
+    assert score.logprob == max(logprob, -9999.0) and score.is_greedy is is_greedy

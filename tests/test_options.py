@@ -116,6 +116,11 @@ def test_the_clients_pass_their_options_to_the_provider() -> None:
     assert vllm.provider.max_concurrency == 5 and vllm.provider.engine_args == {"dtype": "float32"}
     ray = RayBatchInference(replicas=2, max_model_len=512)
     assert ray.provider.replicas == 2 and ray.provider.engine_args == {"max_model_len": 512}
+    assert VLLMBatchInference(None).provider.single_token_scoring is True
+    vllm_off = VLLMBatchInference(None, single_token_scoring=False).provider
+    assert vllm_off.single_token_scoring is False
+    off = RayBatchInference(single_token_scoring=False, dtype="float32").provider
+    assert off.single_token_scoring is False and off.engine_args == {"dtype": "float32"}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The generated shared-prefix multiple-choice task: lm-eval builds it offline, every question
-gets the same five shots, and that shared prefix is over 400 tokens."""
+"""The generated shared-prefix multiple-choice task, in both variants: lm-eval builds it
+offline, every question gets the same five shots, and that shared prefix is over 400 tokens; the
+letters variant's continuations are one token each, the numbers variant's several."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import pytest
 from transformers import AutoTokenizer
 
 from batchclient.models import bundled_model_path
-from prefix_mc_task import PREFIX_MC_TASK, write_task
+from prefix_mc_task import LETTERS, TASKS, Variant, write_task
 
 
 @pytest.mark.slow  # lm-eval's import and task building: about 20 s
-def test_the_task_has_500_questions_of_4_choices_after_one_long_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["numbers", "letters"])
+def test_the_task_has_500_questions_of_4_choices_after_one_long_prefix(
+    tmp_path: Path, variant: Variant
+) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    folder = write_task(tmp_path)
-    task = get_task_dict([PREFIX_MC_TASK], TaskManager(include_path=str(folder)))[PREFIX_MC_TASK]
+    folder = write_task(tmp_path, variant=variant)
+    name = TASKS[variant]
+    task = get_task_dict([name], TaskManager(include_path=str(folder)))[name]
     task.build_all_requests(limit=None, rank=0, world_size=1)
     pairs = [i.args for i in task.instances]
     contexts = [ctx for ctx, _ in pairs]
@@ -31,3 +36,12 @@ def test_the_task_has_500_questions_of_4_choices_after_one_long_prefix(tmp_path:
     assert prefix.count("Question:") == 5
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_path()))
     assert len(tokenizer.encode(prefix)) >= 400
+    # continuation tokens as lm-eval (and batchclient) count them: the whole's after the context's
+    lengths = {
+        len(tokenizer.encode(ctx + cont)) - len(tokenizer.encode(ctx)) for ctx, cont in pairs[:200]
+    }
+    if variant == "letters":
+        assert [cont for _, cont in pairs[:4]] == [f" {x}" for x in LETTERS]
+        assert "\nA. " in contexts[0] and lengths == {1}
+    else:
+        assert min(lengths) > 1

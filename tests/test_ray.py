@@ -29,6 +29,7 @@ from batchclient import (
     SamplingParams,
     VLLMBatchInference,
 )
+from batchclient._core.scoring import loglikelihood_requests
 from batchclient.types import Endpoint
 from jobs_util import done_in_db, line, read_jsonl, wait_sync
 
@@ -161,6 +162,12 @@ async def test_scoring_uses_the_engines_tokenizer_and_gives_the_inline_scores(
         assert mine.logprob == pytest.approx(other.logprob, rel=0.02, abs=0.05)
     paris, banana = ours.batch[0].logprob, ours.batch[1].logprob
     assert paris is not None and banana is not None and paris > banana
+    # a one-token continuation, scored on a replica as on the inline engine: by a generation
+    # request over the context, whose answer holds the continuation's position only
+    [one_token] = loglikelihood_requests(MODEL, [pairs[2]], 1024, None)
+    result = await ray_client.provider.execute(one_token)
+    assert result.body is not None
+    assert result.body["choices"][0]["prompt_logprobs"][:-1] == [None] * 5
 
     # what the result cache and dry runs ask: the inline provider's answers, as "ray"
     inline_identity = await inline_client.provider.cache_identity(MODEL)

@@ -25,4 +25,5 @@ class RayOptions(TypedDict, total=False):
     cores_per_replica: int | None
     restart_wait_s: float
     tool_call_parser: str | None
+    single_token_scoring: bool
     runtime_env: Mapping[str, Any] | None

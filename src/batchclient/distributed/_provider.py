@@ -110,6 +110,7 @@ class RayProvider(Provider):
         cores_per_replica: int | None = None,
         restart_wait_s: float = 600.0,
         tool_call_parser: str | None = None,
+        single_token_scoring: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
         **engine_args: Any,
     ) -> None:
@@ -130,6 +131,7 @@ class RayProvider(Provider):
         self.cores_per_replica = cores_per_replica
         self.restart_wait_s = restart_wait_s
         self.tool_call_parser = tool_call_parser
+        self.single_token_scoring = single_token_scoring
         self.runtime_env = dict(runtime_env or {})
         self.engine_args = dict(engine_args)
         # as the inline provider: what the engine arguments say until the replicas report
@@ -175,7 +177,7 @@ class RayProvider(Provider):
                         self.max_concurrency,
                         self.tool_call_parser,
                         cores,
-                        self.engine_args,
+                        {"single_token_scoring": self.single_token_scoring, **self.engine_args},
                     ),
                 )
                 for i in range(self.replicas)
@@ -541,6 +543,7 @@ class RayBatchInference(BatchClient):
         restart_wait_s: how long requests wait for a restarting replica when every replica is
             down (default 600 s), after which they fail with ``endpoint_unavailable``.
         tool_call_parser: as ``VLLMBatchInference``.
+        single_token_scoring: as ``VLLMBatchInference`` (default True).
         runtime_env: a Ray runtime environment for the actors (``env_vars``, ``pip``, ...).
         state_dir: where files, batches and results are kept (as the other clients).
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
@@ -567,6 +570,7 @@ class RayBatchInference(BatchClient):
         cores_per_replica: int | None = None,
         restart_wait_s: float = 600.0,
         tool_call_parser: str | None = None,
+        single_token_scoring: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
@@ -582,6 +586,7 @@ class RayBatchInference(BatchClient):
             cores_per_replica=cores_per_replica,
             restart_wait_s=restart_wait_s,
             tool_call_parser=tool_call_parser,
+            single_token_scoring=single_token_scoring,
             runtime_env=runtime_env,
             **engine_args,
         )

@@ -47,7 +47,9 @@ class EngineReplica:
     """A Ray actor class holding one engine (see the module docstring).
 
     Args:
-        model, max_concurrency, tool_call_parser, engine_args: as ``VLLMProvider``.
+        model, max_concurrency, tool_call_parser: as ``VLLMProvider``.
+        engine_args: the other keyword arguments of ``VLLMProvider`` (its
+            ``single_token_scoring`` and vLLM's engine arguments).
         cores_per_replica: on CPU, how many of the node's cores this replica binds (it claims
             the first free group of that many; see :mod:`._cores`). None: no binding of our
             own (GPU, or ``VLLM_CPU_OMP_THREADS_BIND`` set by the caller).

@@ -94,6 +94,12 @@ class VLLMBatchInference(BatchClient):
             (default None: every core of this process's CPU affinity). Ignored when the
             ``VLLM_CPU_OMP_THREADS_BIND`` environment variable is set (vLLM's own knob: ``auto``
             for vLLM's default, ``nobind``, or a core list). See ``docs/inline.md`` (Speed).
+        single_token_scoring: score a log-likelihood request whose continuation is one token
+            with a generation request over the context (``max_tokens`` 1, greedy, vLLM's
+            ``logprob_token_ids``), which reads the prefix cache, instead of asking for the
+            prompt's log-probabilities, which makes vLLM prefill the whole prompt (default
+            True; the same scores, bit for bit in float32: ``docs/evals.md``, Shared
+            prefixes). False: every continuation the ``prompt_logprobs`` way.
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
         verbose: show everything vLLM prints (about 66 INFO lines per engine start); by
@@ -138,6 +144,7 @@ class VLLMBatchInference(BatchClient):
         max_concurrency: int = 1024,
         tool_call_parser: str | None = None,
         cpu_cores: Sequence[int] | None = None,
+        single_token_scoring: bool = True,
         state_dir: str | os.PathLike[str] | None = None,
         verbose: bool = False,
         cache: bool = False,
@@ -149,6 +156,7 @@ class VLLMBatchInference(BatchClient):
             tool_call_parser=tool_call_parser,
             verbose=verbose,
             cpu_cores=cpu_cores,
+            single_token_scoring=single_token_scoring,
             **engine_args,
         )
         super().__init__(provider, state_dir=state_dir, cache=cache)
@@ -167,6 +175,7 @@ class VLLMProvider(Provider):
         tool_call_parser: str | None = None,
         verbose: bool = False,
         cpu_cores: Sequence[int] | None = None,
+        single_token_scoring: bool = True,
         **engine_args: Any,
     ) -> None:
         if max_concurrency < 1:
@@ -178,6 +187,7 @@ class VLLMProvider(Provider):
         self.max_concurrency = max_concurrency
         self.tool_call_parser = tool_call_parser
         self.verbose = verbose
+        self.single_token_scoring = single_token_scoring
         self._parser_class: type | None = None
         self.engine_args = dict(engine_args)
         self.endpoints = _POOLING if engine_args.get("runner") == "pooling" else _GENERATE
@@ -389,7 +399,10 @@ class VLLMProvider(Provider):
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         if request.endpoint is Endpoint.embeddings:
             return await _kinds.embed(engine, request.body, model, request_id, self._limiter)
-        body, scoring = request.body, request.score_span is not None
+        body, span = request.body, request.score_span
+        if span is not None and self.single_token_scoring and _one_token_at_end(body, span):
+            return await _kinds.score_next_token(engine, body, model, request_id, self._limiter)
+        scoring = span is not None
         if scoring:
             body = prompt_logprobs_body(body)
         return await _kinds.complete(
@@ -530,6 +543,13 @@ def _ttft(metrics: Any, started_wall: float) -> float | None:
     if latency <= 0 or arrival <= 0:
         return None
     return max(0.0, arrival + latency - started_wall)
+
+
+def _one_token_at_end(body: dict[str, Any], span: tuple[int, int]) -> bool:
+    """Whether a scoring body's scored span is its prompt's last token alone (a continuation
+    of one token; rolling windows of one token too)."""
+    prompt = body.get("prompt")
+    return isinstance(prompt, list) and span == (len(prompt) - 1, len(prompt)) and span[0] > 0
 
 
 def _refused(refusal: Refusal) -> Result:

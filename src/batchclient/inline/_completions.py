@@ -304,6 +304,21 @@ def prompt_logprobs_json(
     return out
 
 
+def next_token_prompt_logprobs(
+    context_tokens: int, token: int, logprob: float, greedy: int, greedy_logprob: float
+) -> list[dict[str, Any] | None]:
+    """The ``prompt_logprobs`` a scoring request of one continuation token would get, from a
+    generation request over the context alone: None for each of the ``context_tokens``
+    positions (nothing was asked for them), then ``{token id (text): {"logprob", "rank"}}``
+    for the continuation ``token`` and the ``greedy`` (sampled at temperature 0) token, as
+    ``prompt_logprobs: 1`` gives them. Ranks: 1 for the greedy token (and for ``token`` when
+    it scores as high), else None (the engine ranks the sampled token only)."""
+    lp, best = clamp_logprob(logprob), clamp_logprob(greedy_logprob)
+    entry: dict[str, Any] = {str(greedy): {"logprob": best, "rank": 1}}
+    entry[str(token)] = {"logprob": lp, "rank": 1 if lp >= best else None}
+    return [*([None] * context_tokens), entry]
+
+
 def completion_object(
     *,
     request_id: str,

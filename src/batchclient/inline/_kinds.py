@@ -3,8 +3,12 @@
 - ``/v1/completions``: the prompt is tokenised with the engine's tokenizer (special tokens as
   the body's ``add_special_tokens``, default on, as vLLM's server), checked against the
   context, and generated with ``prompt_logprobs`` when the body asks for the prompt's
-  log-probabilities (scoring requests always do: :func:`batchclient._core.scoring
+  log-probabilities (scoring requests do: :func:`batchclient._core.scoring
   .prompt_logprobs_body`).
+- Scoring a one-token continuation (:func:`score_next_token`): one generation request over the
+  context alone, ``max_tokens`` 1 at temperature 0 with ``logprob_token_ids`` = the
+  continuation's token, which reads vLLM's prefix cache (a request with ``prompt_logprobs``
+  never does); the answer has the shape of the ``prompt_logprobs`` path's.
 - ``/v1/embeddings``: on a pooling engine (``runner="pooling", convert="embed"``), one
   ``AsyncLLM.encode`` per input with ``PoolingParams(task="embed")``, which normalises as
   vLLM's server does.
@@ -33,6 +37,7 @@ from ._completions import (
     legacy_logprobs,
     map_completion_body,
     map_embedding_body,
+    next_token_prompt_logprobs,
     prompt_logprobs_json,
 )
 from ._mapping import Refusal
@@ -117,6 +122,76 @@ async def complete(
     body_out = _completion_body(
         plan, ids, final, request_id, model, started_wall, None if scoring else tokenizer
     )
+    return Result(
+        status_code=200,
+        body=body_out,
+        request_id=request_id,
+        latency_s=time.perf_counter() - started,
+    )
+
+
+async def score_next_token(
+    engine: Engine, body: dict[str, Any], model: str, request_id: str, limiter: Any
+) -> Result:
+    """Score a scoring body (:func:`batchclient._core.scoring.scoring_body`) whose last prompt
+    token is the whole continuation, from the position after the context: one generation
+    request over ``prompt[:-1]`` with ``max_tokens`` 1, greedy, and vLLM's
+    ``logprob_token_ids=[prompt[-1]]`` (raw log-probabilities, as ``prompt_logprobs``; no
+    ``logprobs`` beside it: vLLM refuses a count that differs from the ids'). Without
+    ``prompt_logprobs`` the request reads the prefix cache, so a context shared with earlier
+    requests (few-shot examples, the other choices of a question) is not computed again. The
+    result's body is a ``Completion`` whose ``prompt_logprobs`` hold the continuation's
+    position only (:func:`._completions.next_token_prompt_logprobs`), which is what
+    :func:`batchclient._core.scoring.to_loglikelihood` reads."""
+    llm = engine.llm
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or len(prompt) < 2:
+        return failed(ErrorCode.invalid_request, "a scoring prompt is context + token ids")
+    context, token = [int(t) for t in prompt[:-1]], int(prompt[-1])
+    try:
+        check_prompt_length(len(context), 1, engine.max_model_len)
+        # no sampling defaults of the model (penalties would move the greedy token away from
+        # the raw logits' best, which is what is_greedy means)
+        sampling = {"temperature": 0.0, "logprob_token_ids": [token], "detokenize": False}
+        params = _engine.sampling_params(sampling, 1, None)
+    except Refusal as refusal:
+        return _refused(refusal)
+    except Exception as exc:
+        return _error(exc)
+    started, started_wall = time.perf_counter(), time.time()
+    async with limiter:
+        try:
+            final = await _final(
+                llm.generate({"prompt_token_ids": context}, params, request_id), llm, request_id
+            )
+        except Exception as exc:
+            return _error(exc)
+    try:
+        output = final.outputs[0]
+        greedy = int(output.token_ids[0])
+        step = output.logprobs[0]
+        logprob, greedy_logprob = float(step[token].logprob), float(step[greedy].logprob)
+    except (AttributeError, IndexError, KeyError, TypeError) as exc:
+        return failed(
+            ErrorCode.engine_error,
+            f"the engine's answer has no log-probability for the continuation token ({exc!r})",
+        )
+    body_out = completion_object(
+        request_id=request_id,
+        model=model,
+        created=int(started_wall),
+        text="",
+        finish_reason=output.finish_reason,
+        prompt_tokens=len(context),
+        completion_tokens=1,
+        logprobs=None,
+        prompt_logprobs=next_token_prompt_logprobs(
+            len(context), token, logprob, greedy, greedy_logprob
+        ),
+    )
+    # as vLLM's server reports them: how much of the context came from the prefix cache
+    cached = int(getattr(final, "num_cached_tokens", 0) or 0)
+    body_out["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
     return Result(
         status_code=200,
         body=body_out,

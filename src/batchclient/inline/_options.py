@@ -22,3 +22,4 @@ class VLLMOptions(TypedDict, total=False):
     tool_call_parser: str | None
     verbose: bool
     cpu_cores: Sequence[int] | None
+    single_token_scoring: bool
