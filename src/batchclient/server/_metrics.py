@@ -40,7 +40,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request as ProviderRequest
@@ -48,7 +48,7 @@ from .._core.request import Result
 from ..jobs import StatusTotals
 from ..types import BatchStatus
 from ._guard import Guard
-from ._middleware import ROUTE_SCOPE_KEY, TENANT_SCOPE_KEY
+from ._middleware import ROUTE_SCOPE_KEY, TENANT_SCOPE_KEY, Observed
 from ._tenants import Tenants
 
 _STATUSES = sorted(
@@ -233,37 +233,22 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
 
-class HTTPMetrics:
+class HTTPMetrics(Observed):
     """ASGI middleware (outermost): counts every HTTP request with its route template,
     method, status and tenant, and observes its duration."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # when the app fails before answering
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY)
-            template = route or (scope["path"] if scope["path"] in _PROBES else "unmatched")
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            tenant = getattr(scope.get(TENANT_SCOPE_KEY), "id", "none")
-            m = self.metrics
-            m.http_requests.labels(method, template, str(status), tenant).inc()
-            m.http_duration.labels(method, template).observe(time.perf_counter() - started)
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY)
+        template = route or (scope["path"] if scope["path"] in _PROBES else "unmatched")
+        method = scope["method"] if scope["method"] in _METHODS else "other"
+        tenant = getattr(scope.get(TENANT_SCOPE_KEY), "id", "none")
+        m = self.metrics
+        m.http_requests.labels(method, template, str(status), tenant).inc()
+        m.http_duration.labels(method, template).observe(seconds)
 
 
 _PROBES = frozenset({"/health", "/ready"})  # answered before routing, by the Probes middleware

@@ -27,7 +27,10 @@ ROUTE_SCOPE_KEY = "batchclient.route"
 """The template of a route a middleware answers itself (the status page's), for the metrics."""
 
 
-class AccessLog:
+class Observed:
+    """ASGI middleware base: runs the app, then calls :meth:`observe` with each HTTP request's
+    scope, its status (500 when the app failed before answering) and its duration in seconds."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -36,7 +39,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500  # when the app fails before answering
+        status = 500
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -47,8 +50,16 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            ms = (time.perf_counter() - started) * 1000
-            logger.info("%s %s %d %.1f ms", scope["method"], _printable(scope["path"]), status, ms)
+            self.observe(scope, status, time.perf_counter() - started)
+
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        raise NotImplementedError
+
+
+class AccessLog(Observed):
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        ms = seconds * 1000
+        logger.info("%s %s %d %.1f ms", scope["method"], _printable(scope["path"]), status, ms)
 
 
 def _printable(path: str, limit: int = 300) -> str:
