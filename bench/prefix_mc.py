@@ -14,6 +14,11 @@ warm-up of 8 requests:
   generation request that reads the prefix cache; ``--no-single-token-scoring`` turns that off);
 - ``ll-vllm``: lm-eval's ``vllm`` backend (``batch_size=auto``: one ``LLM.generate``).
 
+With ``--ray`` the two modes are instead ``BatchClientLM(provider="ray", replicas=2)`` with
+prefix affinity (``ll-ray-affinity``) and without (``ll-ray-no-affinity``), each replica with
+the settings above and half the cores; the ratio is with ÷ without, written to
+``prefix_mc_<choices>_ray.json``.
+
 Prints each mode's requests/s, their ratio, and the largest difference between the two modes'
 log-likelihoods, and whether both chose the same answer for every question; writes
 ``bench/results/prefix_mc_<choices>.json`` (``prefix_mc_<choices>_off.json`` with
@@ -21,7 +26,7 @@ log-likelihoods, and whether both chose the same answer for every question; writ
 cores):
 
     flock /tmp/bc-engine.lock python bench/prefix_mc.py [--choices letters|numbers]
-        [--questions 500] [--no-single-token-scoring]
+        [--questions 500] [--no-single-token-scoring] [--ray]
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the task's generator
 KV_BYTES = 512 << 20
 MAX_MODEL_LEN = 2048
 WARMUP = 8
+MODES = ("ll-inline", "ll-vllm")
+RAY_MODES = ("ll-ray-affinity", "ll-ray-no-affinity")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
@@ -70,6 +77,11 @@ def _model(mode: str, single_token_scoring: bool) -> Any:
         return BatchClientLM(
             provider="vllm", cache=False, single_token_scoring=single_token_scoring, **common
         )
+    if mode in RAY_MODES:
+        return BatchClientLM(
+            provider="ray", cache=False, single_token_scoring=single_token_scoring,
+            replicas=2, prefix_affinity=mode == "ll-ray-affinity", **common,
+        )  # fmt: skip
     fix_vllm_version_lookup()
     from lm_eval.models.vllm_causallms import VLLM
 
@@ -104,7 +116,7 @@ def _spawn(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             "--result", str(out),
             *([] if args.single_token_scoring else ["--no-single-token-scoring"]),
         ]  # fmt: skip
-        code = subprocess.call([sys.executable, __file__, *argv], env=env, timeout=3600)
+        code = subprocess.call([sys.executable, __file__, *argv], env=env, timeout=3 * 3600)
         if code != 0 or not out.exists():
             return {"error": f"exit {code}"}
         return dict(json.loads(out.read_text()))
@@ -117,6 +129,9 @@ def main() -> None:
     parser.add_argument(
         "--no-single-token-scoring", dest="single_token_scoring", action="store_false"
     )
+    parser.add_argument(
+        "--ray", action="store_true", help="Ray, 2 replicas, with and without prefix affinity"
+    )
     parser.add_argument("--child")
     parser.add_argument("--result")
     args = parser.parse_args()
@@ -124,21 +139,24 @@ def main() -> None:
         result = child(args.child, args.questions, args.choices, args.single_token_scoring)
         Path(args.result).write_text(json.dumps(result))
         return
-    runs = {mode: _spawn(mode, args) for mode in ("ll-inline", "ll-vllm")}
-    inline, lm_eval = runs["ll-inline"], runs["ll-vllm"]
+    modes = RAY_MODES if args.ray else MODES
+    runs = {mode: _spawn(mode, args) for mode in modes}
+    first, second = (runs[mode] for mode in modes)
     summary: dict[str, Any] = {
         "choices": args.choices,
         "questions": args.questions,
         "single_token_scoring": args.single_token_scoring,
+        "load_avg_at_end": os.getloadavg(),
         **{mode: {k: v for k, v in r.items() if k != "logprobs"} for mode, r in runs.items()},
     }
-    if "error" not in inline and "error" not in lm_eval:
-        ours, theirs = inline["logprobs"], lm_eval["logprobs"]
-        summary["ratio"] = inline["requests_per_s"] / lm_eval["requests_per_s"]
+    if "error" not in first and "error" not in second:
+        ours, theirs = first["logprobs"], second["logprobs"]
+        summary["ratio"] = first["requests_per_s"] / second["requests_per_s"]
         summary["max_logprob_diff"] = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
         summary["same_answers"] = _answers(ours) == _answers(theirs)
     print(json.dumps(summary, indent=2))
-    name = f"prefix_mc_{args.choices}{'' if args.single_token_scoring else '_off'}.json"
+    suffix = ("" if args.single_token_scoring else "_off") + ("_ray" if args.ray else "")
+    name = f"prefix_mc_{args.choices}{suffix}.json"
     (ROOT / "bench" / "results" / name).write_text(json.dumps(summary, indent=2) + "\n")
 
 

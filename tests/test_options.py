@@ -121,6 +121,8 @@ def test_the_clients_pass_their_options_to_the_provider() -> None:
     assert vllm_off.single_token_scoring is False
     off = RayBatchInference(single_token_scoring=False, dtype="float32").provider
     assert off.single_token_scoring is False and off.engine_args == {"dtype": "float32"}
+    assert ray.provider.prefix_affinity is True
+    assert RayBatchInference(prefix_affinity=False).provider.prefix_affinity is False
 
 
 @pytest.mark.parametrize(

@@ -40,14 +40,15 @@ def test_the_prefix_key_is_the_context_or_the_leading_messages() -> None:
     assert prefix_key(text) is None
 
 
-async def test_requests_sharing_a_prefix_land_on_one_endpoint_while_it_has_room() -> None:
+async def endpoints_of_each_prefix(affinity: bool) -> dict[str, set[int]]:
+    """10 system prompts x 5 questions, interleaved (load alone would spread each prefix),
+    over 3 endpoints: which endpoints saw each system prompt."""
     stubs = [StubServer(latency_s=0.02, record_bodies=True).start() for _ in range(3)]
     try:
         systems = [f"system prompt {k}" for k in range(10)]
-        # interleaved, 10 prefixes over 3 endpoints: load alone would spread each prefix
         convos = [shots(s, f"q{i}") for i in range(5) for s in systems]
         async with RemoteBatchInference(
-            [s.url for s in stubs], max_concurrency=64, adaptive=False
+            [s.url for s in stubs], max_concurrency=64, adaptive=False, prefix_affinity=affinity
         ) as client:
             result = await client.batch_chat_completion("smollm2", convos)
     finally:
@@ -59,8 +60,18 @@ async def test_requests_sharing_a_prefix_land_on_one_endpoint_while_it_has_room(
         for body in stub.stats.bodies:
             where[body["messages"][0]["content"]].add(n)
     assert len(where) == 10
+    return where
+
+
+async def test_requests_sharing_a_prefix_land_on_one_endpoint_while_it_has_room() -> None:
+    where = await endpoints_of_each_prefix(affinity=True)
     assert all(len(places) == 1 for places in where.values())  # each prefix on one endpoint
     assert len(set().union(*where.values())) > 1  # and the prefixes spread over endpoints
+
+
+async def test_without_affinity_a_prefix_goes_wherever_load_sends_it() -> None:
+    where = await endpoints_of_each_prefix(affinity=False)
+    assert sum(len(places) > 1 for places in where.values()) >= 5
 
 
 async def test_a_full_endpoint_spills_in_the_prefix_ranking() -> None:

@@ -26,4 +26,5 @@ class RayOptions(TypedDict, total=False):
     restart_wait_s: float
     tool_call_parser: str | None
     single_token_scoring: bool
+    prefix_affinity: bool
     runtime_env: Mapping[str, Any] | None

@@ -111,6 +111,7 @@ class RayProvider(Provider):
         restart_wait_s: float = 600.0,
         tool_call_parser: str | None = None,
         single_token_scoring: bool = True,
+        prefix_affinity: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
         **engine_args: Any,
     ) -> None:
@@ -132,6 +133,7 @@ class RayProvider(Provider):
         self.restart_wait_s = restart_wait_s
         self.tool_call_parser = tool_call_parser
         self.single_token_scoring = single_token_scoring
+        self.prefix_affinity = prefix_affinity
         self.runtime_env = dict(runtime_env or {})
         self.engine_args = dict(engine_args)
         # as the inline provider: what the engine arguments say until the replicas report
@@ -367,7 +369,9 @@ class RayProvider(Provider):
         avoid: Replica | None = None
         # the shared prefix's key: requests that share one go to the replica whose prefix
         # cache holds it, while it has room (``_routing/dispatch.py``)
-        key = prefix_key(request) if len(dispatcher.endpoints) > 1 else None
+        key = (
+            prefix_key(request) if self.prefix_affinity and len(dispatcher.endpoints) > 1 else None
+        )
         while True:
             lane = dispatcher.try_acquire(_LANE, avoid, key=key)
             if lane is None:
@@ -544,6 +548,9 @@ class RayBatchInference(BatchClient):
             down (default 600 s), after which they fail with ``endpoint_unavailable``.
         tool_call_parser: as ``VLLMBatchInference``.
         single_token_scoring: as ``VLLMBatchInference`` (default True).
+        prefix_affinity: send requests that share a prefix to the replica that prefix ranks
+            first while it has room (default True; as ``RemoteBatchInference``). False: every
+            request goes to the least-loaded replica.
         runtime_env: a Ray runtime environment for the actors (``env_vars``, ``pip``, ...).
         state_dir: where files, batches and results are kept (as the other clients).
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
@@ -571,6 +578,7 @@ class RayBatchInference(BatchClient):
         restart_wait_s: float = 600.0,
         tool_call_parser: str | None = None,
         single_token_scoring: bool = True,
+        prefix_affinity: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
@@ -587,6 +595,7 @@ class RayBatchInference(BatchClient):
             restart_wait_s=restart_wait_s,
             tool_call_parser=tool_call_parser,
             single_token_scoring=single_token_scoring,
+            prefix_affinity=prefix_affinity,
             runtime_env=runtime_env,
             **engine_args,
         )

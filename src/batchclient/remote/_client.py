@@ -121,6 +121,10 @@ class RemoteBatchInference(BatchClient):
             16; 1 sends each alone). Each input keeps its own result, error and cache entry; a
             group the server refuses with 400/413/422 is split until only the refused input
             fails (``docs/remote.md``, "Embeddings in groups").
+        prefix_affinity: with several endpoints, send requests that share a prefix (a scoring
+            context, a chat's leading messages) to the replica that prefix ranks first while
+            it has room (default True; ``docs/scale-out.md``, "Prefix affinity"). False: every
+            request goes to the least-loaded replica.
         tokenizer: a local folder with the model's tokenizer files, for the scoring calls on
             text (``batch_loglikelihood``, ``batch_loglikelihood_rolling``); needs
             ``transformers``. None (default): the server's ``/tokenize`` route (vLLM), and a
@@ -192,6 +196,7 @@ class RemoteProvider(Provider):
         check_model: bool = True,
         tokenizer: str | os.PathLike[str] | None = None,
         embedding_group_size: int = EMBEDDING_GROUP_SIZE,
+        prefix_affinity: bool = True,
     ) -> None:
         if type(embedding_group_size) is not int or embedding_group_size < 1:
             raise ConfigurationError(
@@ -219,6 +224,7 @@ class RemoteProvider(Provider):
         self._tokenizer_path = tokenizer
         self._tokenizers: dict[str, Tokenizer] = {}
         self.embedding_group_size = embedding_group_size
+        self.prefix_affinity = prefix_affinity
         self._embedding_groups = EmbeddingGroups(embedding_group_size, self._send_embeddings)
 
         def build() -> Dispatcher:
@@ -373,7 +379,11 @@ class RemoteProvider(Provider):
         data = orjson.dumps(body)
         path = _PATHS[endpoint]  # below the API root: "/v1/chat/completions" -> "/chat/..."
         # the shared prefix's key, for replica affinity (one endpoint: nothing to choose)
-        key = prefix_key(request) if len(self._dispatcher.endpoints) > 1 else None
+        key = (
+            prefix_key(request)
+            if self.prefix_affinity and len(self._dispatcher.endpoints) > 1
+            else None
+        )
         try:  # the fast path: one attempt, no retry machinery
             result = await self._attempt(model, path, body, data, endpoint, None, key=key)
         except RetryableFailure as first:

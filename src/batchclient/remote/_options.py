@@ -43,3 +43,4 @@ class RemoteOptions(TypedDict, total=False):
     check_model: bool
     tokenizer: str | os.PathLike[str] | None
     embedding_group_size: int
+    prefix_affinity: bool
