@@ -12,6 +12,7 @@ provider is switched between the two ways.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -138,3 +139,31 @@ async def test_the_greedy_token_is_greedy(engine: VLLMBatchInference) -> None:
     assert best.logprob == step[str(greedy)]["logprob"]
     assert best.logprob is not None and worse.logprob is not None
     assert worse.logprob < best.logprob
+
+
+async def test_a_questions_choices_are_scored_in_one_engine_request(
+    engine: VLLMBatchInference,
+) -> None:
+    """The four choices of a question, in flight together, share one engine request (one pass
+    over the context) and get the scores each gets alone; a token outside the vocabulary among
+    them fails alone."""
+    ids = tokenizer()
+    text = mmlu_pairs()[0][0]
+    context = ids(text).input_ids
+    letters = [ids(f"{text} {x}").input_ids[-1] for x in LETTERS]
+    pairs = [(context, [t]) for t in letters]
+    together = await engine.batch_loglikelihood(MODEL, pairs, raise_on_error=True)
+    alone = [
+        (await engine.batch_loglikelihood(MODEL, [pair], raise_on_error=True)).batch[0]
+        for pair in pairs
+    ]
+    assert [r.logprob for r in together.batch] == [r.logprob for r in alone]
+    assert [r.is_greedy for r in together.batch] == [r.is_greedy for r in alone]
+
+    requests = loglikelihood_requests(MODEL, [*pairs, (context, [len(ids) + 7])], 2048, None)
+    *good, bad = await asyncio.gather(*(engine.provider.execute(r) for r in requests))
+    assert all(r.error is None and r.body is not None for r in good)
+    assert len({r.request_id for r in good}) == 1  # one engine request for the four
+    details = [r.body["usage"]["prompt_tokens_details"] for r in good]  # type: ignore[index]
+    assert [d["cached_tokens"] for d in details[1:]] == [len(context)] * 3
+    assert bad.error is not None and bad.error.code == "invalid_request"

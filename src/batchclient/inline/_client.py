@@ -40,6 +40,7 @@ from ..errors import (
 from ..models import BUNDLED_MAX_MODEL_LEN, BUNDLED_MODEL_NAME, resolve_model
 from ..types import Endpoint
 from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body, resolve_max_tokens
+from ._next_tokens import NextTokenGroups
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -201,6 +202,7 @@ class VLLMProvider(Provider):
         # caller supplied (two clients or two calls can never collide).
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
+        self._next_tokens = NextTokenGroups(self._score_next_tokens)
         self._defaults: EngineDefaults | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -401,12 +403,25 @@ class VLLMProvider(Provider):
             return await _kinds.embed(engine, request.body, model, request_id, self._limiter)
         body, span = request.body, request.score_span
         if span is not None and self.single_token_scoring and _one_token_at_end(body, span):
-            return await _kinds.score_next_token(engine, body, model, request_id, self._limiter)
+            prompt = [int(t) for t in body["prompt"]]  # token ids (``_one_token_at_end``)
+            return await self._next_tokens.execute(engine, model, prompt[:-1], prompt[-1])
         scoring = span is not None
         if scoring:
             body = prompt_logprobs_body(body)
         return await _kinds.complete(
             engine, body, model, request_id, self._limiter, scoring=scoring
+        )
+
+    async def _score_next_tokens(
+        self, engine: Engine, model: str, context: list[int], tokens: list[int]
+    ) -> list[Result]:
+        """One engine request scoring every one of ``tokens`` after ``context``
+        (:mod:`._next_tokens` merges a question's choices into it)."""
+        from . import _kinds
+
+        request_id = f"{self._id_prefix}-{next(self._ids)}"
+        return await _kinds.score_next_tokens(
+            engine, context, tokens, model, request_id, self._limiter
         )
 
     def _plan_tools(

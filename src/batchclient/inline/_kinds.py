@@ -5,10 +5,11 @@
   context, and generated with ``prompt_logprobs`` when the body asks for the prompt's
   log-probabilities (scoring requests do: :func:`batchclient._core.scoring
   .prompt_logprobs_body`).
-- Scoring a one-token continuation (:func:`score_next_token`): one generation request over the
+- Scoring one-token continuations (:func:`score_next_tokens`): one generation request over the
   context alone, ``max_tokens`` 1 at temperature 0 with ``logprob_token_ids`` = the
-  continuation's token, which reads vLLM's prefix cache (a request with ``prompt_logprobs``
-  never does); the answer has the shape of the ``prompt_logprobs`` path's.
+  continuations' tokens (every choice of a question in one pass: :mod:`._next_tokens` merges
+  them), which reads vLLM's prefix cache (a request with ``prompt_logprobs`` never does); each
+  answer has the shape of the ``prompt_logprobs`` path's.
 - ``/v1/embeddings``: on a pooling engine (``runner="pooling", convert="embed"``), one
   ``AsyncLLM.encode`` per input with ``PoolingParams(task="embed")``, which normalises as
   vLLM's server does.
@@ -41,6 +42,7 @@ from ._completions import (
     prompt_logprobs_json,
 )
 from ._mapping import Refusal
+from ._next_tokens import copy_result
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -130,34 +132,59 @@ async def complete(
     )
 
 
-async def score_next_token(
-    engine: Engine, body: dict[str, Any], model: str, request_id: str, limiter: Any
-) -> Result:
-    """Score a scoring body (:func:`batchclient._core.scoring.scoring_body`) whose last prompt
-    token is the whole continuation, from the position after the context: one generation
-    request over ``prompt[:-1]`` with ``max_tokens`` 1, greedy, and vLLM's
-    ``logprob_token_ids=[prompt[-1]]`` (raw log-probabilities, as ``prompt_logprobs``; no
-    ``logprobs`` beside it: vLLM refuses a count that differs from the ids'). Without
-    ``prompt_logprobs`` the request reads the prefix cache, so a context shared with earlier
-    requests (few-shot examples, the other choices of a question) is not computed again. The
-    result's body is a ``Completion`` whose ``prompt_logprobs`` hold the continuation's
-    position only (:func:`._completions.next_token_prompt_logprobs`), which is what
-    :func:`batchclient._core.scoring.to_loglikelihood` reads."""
+async def score_next_tokens(
+    engine: Engine,
+    context: list[int],
+    tokens: list[int],
+    model: str,
+    request_id: str,
+    limiter: Any,
+) -> list[Result]:
+    """Score each of ``tokens`` (distinct ids, at most
+    :data:`._next_tokens.MAX_NEXT_TOKENS`) as the one-token continuation of ``context``, from
+    the position after it: one generation request over the context alone with ``max_tokens``
+    1, greedy, and vLLM's ``logprob_token_ids=tokens`` (raw log-probabilities, as
+    ``prompt_logprobs``; no ``logprobs`` beside it: vLLM refuses a count that differs from the
+    ids'). Without ``prompt_logprobs`` the request reads the prefix cache, so a context shared
+    with earlier requests (few-shot examples) is not computed again.
+
+    Returns one result per token, in order: a ``Completion`` whose ``prompt_logprobs`` hold the
+    continuation's position only (:func:`._completions.next_token_prompt_logprobs`), which is
+    what :func:`batchclient._core.scoring.to_loglikelihood` reads, as a scoring request of
+    ``context + [token]`` would get it. A refusal or failure is every token's."""
     llm = engine.llm
-    prompt = body.get("prompt")
-    if not isinstance(prompt, list) or len(prompt) < 2:
-        return failed(ErrorCode.invalid_request, "a scoring prompt is context + token ids")
-    context, token = [int(t) for t in prompt[:-1]], int(prompt[-1])
+    vocab = _vocab_size(llm)
+    if vocab is not None and any(not 0 <= t < vocab for t in tokens):
+        # vLLM refuses the whole request for one such id: the others are scored without it
+        inside = [t for t in tokens if 0 <= t < vocab]
+        by_token: dict[int, Result] = {}
+        if inside:
+            scored = await score_next_tokens(engine, context, inside, model, request_id, limiter)
+            by_token = dict(zip(inside, scored, strict=True))
+        return [
+            by_token.get(t)
+            or failed(
+                ErrorCode.invalid_request,
+                f"token id {t} is outside the model's vocabulary ({vocab} tokens)",
+                status_code=400,
+                param="prompt",
+            )
+            for t in tokens
+        ]
+
+    def every(result: Result) -> list[Result]:
+        return [result] + [copy_result(result) for _ in tokens[1:]]
+
     try:
         check_prompt_length(len(context), 1, engine.max_model_len)
         # no sampling defaults of the model (penalties would move the greedy token away from
         # the raw logits' best, which is what is_greedy means)
-        sampling = {"temperature": 0.0, "logprob_token_ids": [token], "detokenize": False}
+        sampling = {"temperature": 0.0, "logprob_token_ids": list(tokens), "detokenize": False}
         params = _engine.sampling_params(sampling, 1, None)
     except Refusal as refusal:
-        return _refused(refusal)
+        return every(_refused(refusal))
     except Exception as exc:
-        return _error(exc)
+        return every(_error(exc))
     started, started_wall = time.perf_counter(), time.time()
     async with limiter:
         try:
@@ -165,39 +192,54 @@ async def score_next_token(
                 llm.generate({"prompt_token_ids": context}, params, request_id), llm, request_id
             )
         except Exception as exc:
-            return _error(exc)
+            return every(_error(exc))
     try:
         output = final.outputs[0]
         greedy = int(output.token_ids[0])
         step = output.logprobs[0]
-        logprob, greedy_logprob = float(step[token].logprob), float(step[greedy].logprob)
+        greedy_logprob = float(step[greedy].logprob)
+        logprobs = [float(step[token].logprob) for token in tokens]
     except (AttributeError, IndexError, KeyError, TypeError) as exc:
-        return failed(
-            ErrorCode.engine_error,
-            f"the engine's answer has no log-probability for the continuation token ({exc!r})",
+        return every(
+            failed(
+                ErrorCode.engine_error,
+                f"the engine's answer has no log-probability for the continuation token ({exc!r})",
+            )
         )
-    body_out = completion_object(
-        request_id=request_id,
-        model=model,
-        created=int(started_wall),
-        text="",
-        finish_reason=output.finish_reason,
-        prompt_tokens=len(context),
-        completion_tokens=1,
-        logprobs=None,
-        prompt_logprobs=next_token_prompt_logprobs(
-            len(context), token, logprob, greedy, greedy_logprob
-        ),
-    )
-    # as vLLM's server reports them: how much of the context came from the prefix cache
+    latency = time.perf_counter() - started
+    # as vLLM's server reports them: how much of the context came from the prefix cache (the
+    # first token's; the others share its one pass over the context)
     cached = int(getattr(final, "num_cached_tokens", 0) or 0)
-    body_out["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
-    return Result(
-        status_code=200,
-        body=body_out,
-        request_id=request_id,
-        latency_s=time.perf_counter() - started,
-    )
+    results = []
+    for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+        body_out = completion_object(
+            request_id=request_id,
+            model=model,
+            created=int(started_wall),
+            text="",
+            finish_reason=output.finish_reason,
+            prompt_tokens=len(context),
+            completion_tokens=1,
+            logprobs=None,
+            prompt_logprobs=next_token_prompt_logprobs(
+                len(context), token, logprob, greedy, greedy_logprob
+            ),
+        )
+        body_out["usage"]["prompt_tokens_details"] = {
+            "cached_tokens": cached if i == 0 else len(context)
+        }
+        results.append(
+            Result(status_code=200, body=body_out, request_id=request_id, latency_s=latency)
+        )
+    return results
+
+
+def _vocab_size(llm: Any) -> int | None:
+    """The model's vocabulary size as vLLM checks token ids against it, or None if unknown."""
+    try:
+        return int(llm.model_config.get_vocab_size())
+    except Exception:  # another engine build: vLLM's own check still applies
+        return None
 
 
 def _completion_body(
