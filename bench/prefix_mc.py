@@ -22,8 +22,9 @@ the settings above and half the cores; the ratio is with ÷ without, written to
 Prints each mode's requests/s, their ratio, and the largest difference between the two modes'
 log-likelihoods, and whether both chose the same answer for every question; writes
 ``bench/results/prefix_mc_<choices>.json`` (``prefix_mc_<choices>_off.json`` with
-``--no-single-token-scoring``). Needs the vLLM lock on a shared machine (about 10 minutes on 2
-cores):
+``--no-single-token-scoring``). Needs the vLLM lock on a shared machine; on 2 idle cores the
+500 questions take lm-eval's backend about 50 minutes, batchclient about 1 (``--ray``: about 6
+in all):
 
     flock /tmp/bc-engine.lock python bench/prefix_mc.py [--choices letters|numbers]
         [--questions 500] [--no-single-token-scoring] [--ray]
