@@ -115,3 +115,17 @@ async def test_cancelled_callers_send_nothing() -> None:
         await task
     await asyncio.sleep(0.1)
     assert scorer.calls == []
+
+
+async def test_a_scorer_that_raises_reaches_every_caller_instead_of_hanging() -> None:
+    async def broken(engine: object, model: str, context: list[int], tokens: list[int]) -> list:
+        raise RuntimeError("scorer bug")
+
+    groups = NextTokenGroups(broken)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(groups.execute(None, "m", [5], t) for t in (1, 2)), return_exceptions=True
+        ),
+        timeout=30,
+    )
+    assert [str(r) for r in results] == ["scorer bug", "scorer bug"]

@@ -26,11 +26,13 @@ computes the context once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.request import Result
+from .._core.waiters import settled_on_failure
 from ..errors import ErrorCode
 
 __all__ = ["MAX_NEXT_TOKENS", "NextTokenGroups", "copy_result"]
@@ -92,7 +94,7 @@ class NextTokenGroups:
         waiters = [w for ws in group.waiters.values() for w in ws]
         if all(w.done() for w in waiters):
             return  # every caller was cancelled
-        try:
+        with settled_on_failure(waiters):
             results = await self._score(group.engine, group.model, group.context, group.tokens)
             # the whole request refused (each result the same refusal): find the token at fault
             if len(group.tokens) > 1 and all(_bad_request(r) for r in results):
@@ -107,14 +109,6 @@ class NextTokenGroups:
                 for n, waiter in enumerate(group.waiters[token]):
                     if not waiter.done():
                         waiter.set_result(result if n == 0 else copy_result(result))
-        except Exception as exc:  # a bug: the callers get it rather than wait forever
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(exc)
-        except BaseException:  # cancelled (the provider is stopping)
-            for waiter in waiters:
-                waiter.cancel()
-            raise
 
 
 def _bad_request(result: Result) -> bool:
@@ -123,10 +117,9 @@ def _bad_request(result: Result) -> bool:
 
 def copy_result(result: Result) -> Result:
     """A result of its own for another request (bodies are per item)."""
-    return Result(
-        status_code=result.status_code,
+    return dataclasses.replace(
+        result,
         body=None if result.body is None else dict(result.body),
         error=None if result.error is None else result.error.model_copy(),
-        request_id=result.request_id,
-        latency_s=result.latency_s,
+        extra=dict(result.extra),
     )

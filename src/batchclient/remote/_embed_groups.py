@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from .._core.request import Result, failed
+from .._core.waiters import settled_on_failure
 from ..errors import ErrorCode
 
 __all__ = ["SPLIT_STATUS", "EmbeddingGroups"]
@@ -91,7 +92,7 @@ class EmbeddingGroups:
     ) -> None:
         if all(w.done() for w in waiters):
             return  # every caller was cancelled
-        try:
+        with settled_on_failure(waiters):
             if len(inputs) == 1:
                 result = await self._send({**template, "input": inputs[0]})
                 _give(waiters[0], result)
@@ -106,14 +107,6 @@ class EmbeddingGroups:
                 return
             for waiter, part in zip(waiters, split_result(result, inputs), strict=True):
                 _give(waiter, part)
-        except Exception as exc:  # a bug: the callers get it rather than wait forever
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(exc)
-        except BaseException:  # cancelled (the provider is stopping)
-            for waiter in waiters:
-                waiter.cancel()
-            raise
 
 
 def _give(waiter: asyncio.Future[Result], result: Result) -> None:
