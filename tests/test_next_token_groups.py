@@ -118,7 +118,9 @@ async def test_cancelled_callers_send_nothing() -> None:
 
 
 async def test_a_scorer_that_raises_reaches_every_caller_instead_of_hanging() -> None:
-    async def broken(engine: object, model: str, context: list[int], tokens: list[int]) -> list:
+    async def broken(
+        engine: object, model: str, context: list[int], tokens: list[int]
+    ) -> list[Result]:
         raise RuntimeError("scorer bug")
 
     groups = NextTokenGroups(broken)
