@@ -52,7 +52,7 @@ test-heavy: setup
 	$(BIN)/python -m pytest -q -m heavy
 
 # The quick tier: no vLLM engine or server and no model conversion, on 4 workers (its tests mostly
-# wait on loopback sockets); about 2 min 15 s on 2 idle cores.
+# wait on loopback sockets); about 2 min 5 s on 2 idle cores.
 test-fast: setup
 	$(BIN)/python -m pytest -q -n 4 -m "not server and not engine and not slow"
 
