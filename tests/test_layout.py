@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_logs", 0),
     ("_version", 0),
     ("_redact", 0),  # secrets out of URLs shown or stored: remote, batchapi
+    ("_options", 1),  # options declared once: every provider, the registry, the CLI
     ("types", 1),
     ("_state", 1),  # SQLite for every store: opening, migrations
     ("_invalid", 1),  # validation errors in the caller's words: core, server
