@@ -60,7 +60,7 @@ test-fast: setup
 # bench/results/bench.{json,png,md} and refreshes the "Latest full run" of docs/benchmarks.md.
 # About 25 min on an idle 2-core CPU (most of it the one-at-a-time baseline).
 bench: setup
-	$(BIN)/batchclient bench -n 256 --max-tokens 128 --concurrency 8 64 256 --sequential-n 32 --out bench/results --name bench --update-doc docs/benchmarks.md
+	$(BIN)/batchclient bench -n 256 --max-tokens 128 --max-concurrency 8 64 256 --sequential-n 32 --out bench/results --name bench --update-doc docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """Output tokens/s of the remote fan-out at several in-flight limits, against one real vLLM
 server with the bundled model, on identical ShareGPT requests, in one run.
 
-    python bench/remote_sweep.py [-n 128] [--concurrency 1 8 64] [--max-tokens 128]
+    python bench/remote_sweep.py [-n 128] [--max-concurrency 1 8 64] [--max-tokens 128]
         [--base-url URL] [--repeat 1]
 
 Without ``--base-url`` it starts the local vLLM server itself. Concurrency 1 runs only the first
@@ -53,7 +53,7 @@ async def main(args: argparse.Namespace) -> None:
         # warm-up: the first requests after start-up are slower
         await run_once(url, samples[:8], 8, 16)
         rows = []
-        for concurrency in args.concurrency:
+        for concurrency in args.max_concurrency:
             subset = samples if concurrency > 1 else samples[: args.sequential]
             runs = [
                 await run_once(url, subset, concurrency, args.max_tokens)
@@ -100,7 +100,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--sequential", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=1)

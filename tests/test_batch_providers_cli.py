@@ -56,9 +56,9 @@ def test_lm_eval_client_reaches_the_base_url_with_the_provider_key(
     monkeypatch.setenv(
         "ANTHROPIC_API_KEY" if provider == "anthropic-batch" else "GEMINI_API_KEY", KEY
     )
-    options: dict[str, Any] = {"api_key": None, "max_concurrency": None, "timeout": 30.0}
-    options.update(max_retries=0, state_dir=tmp_path, engine_args={"poll_interval": 0.02})
-    with pytest.raises(ConfigurationError, match="tokenizer is for provider=remote"):
+    options: dict[str, Any] = {"api_key": None, "state_dir": tmp_path}
+    options["options"] = {"timeout": 30.0, "max_retries": 0, "poll_interval": 0.02}
+    with pytest.raises(ConfigurationError, match=f"tokenizer is not an option of {provider}"):
         client_factory(provider, "m", base_url=None, tokenizer="dir", **options)
     with pytest.raises(ConfigurationError, match="needs model"):
         client_factory(provider, None, base_url=None, tokenizer=None, **options)
@@ -92,8 +92,8 @@ def test_an_empty_model_name_is_refused_before_anything_is_sent(
 ) -> None:
     with STUBS[provider](api_key=KEY) as stub:
         make = client_factory(
-            provider, "m", base_url=stub.url, api_key=KEY, tokenizer=None, max_concurrency=None,
-            timeout=30.0, max_retries=0, state_dir=tmp_path, engine_args={},
+            provider, "m", base_url=stub.url, api_key=KEY, tokenizer=None, state_dir=tmp_path,
+            options={"timeout": 30.0, "max_retries": 0},
         )  # fmt: skip
 
         async def go() -> None:
@@ -130,7 +130,7 @@ def test_flavor_is_refused_and_max_lines_packs_the_remote_batches(
     requests.write_bytes(jsonl([line(f"r{i}", f"hello {i}", max_tokens=8) for i in range(5)]))
     argv = ["run", str(requests), "--provider", provider, "--api-key", KEY, "--no-progress"]
     assert main([*argv, "--dry-run", "--flavor", "together"]) == 2
-    assert f"--flavor is for --provider batch-api, not {provider}" in capsys.readouterr().err
+    assert f"--flavor does not apply to provider {provider!r}" in capsys.readouterr().err
     with STUBS[provider](api_key=KEY) as stub:
         argv += ["--base-url", stub.url, "--poll-interval", "0.02", "--max-lines", "2"]
         argv += ["--state-dir", str(tmp_path / "state"), "-o", str(tmp_path / "out.jsonl")]

@@ -65,7 +65,7 @@ def test_bench_server_modes(
         capsys,
         "-n", "4", "--max-tokens", "4", "--sequential-n", "2",
         "--modes", "sequential", "remote", "openai-gather", "litellm",
-        "--concurrency", "2", "4", "--no-warmup",
+        "--max-concurrency", "2", "4", "--no-warmup",
         "--base-url", vllm_url, "--out", str(out), "--name", "tiny",
     )  # fmt: skip
     assert code == 0
@@ -135,7 +135,7 @@ def test_bench_jsonl_input(
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     _, code = bench(
         capsys,
-        "--input", str(inp), "--max-tokens", "5", "--modes", "remote", "--concurrency", "3",
+        "--input", str(inp), "--max-tokens", "5", "--modes", "remote", "--max-concurrency", "3",
         "--repeat", "3", "--base-url", vllm_url, "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0
@@ -178,7 +178,7 @@ def test_bench_engine_mode_in_its_own_process(
     stdout, code = bench(
         capsys,
         "-n", "3", "--max-tokens", "4", "--modes", "remote", "vllm-offline",
-        "--concurrency", "3", "--no-warmup", "--kv-cache-gib", "1",
+        "--max-concurrency", "3", "--no-warmup", "--kv-cache-gib", "1",
         "--base-url", vllm_url, "--out", str(tmp_path), "--name", "engine",
     )  # fmt: skip
     assert code == 0
@@ -278,7 +278,7 @@ def test_plan_marks_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     parser = argparse.ArgumentParser()
     _args.add_arguments(parser)
-    args = parser.parse_args(["--concurrency", "8", "64", "8"])
+    args = parser.parse_args(["--max-concurrency", "8", "64", "8"])
     rows = _run.plan(args)
     assert [r.label for r in rows] == [
         "sequential", "remote@8", "remote@64", "inline", "vllm-offline", "vllm-defaults",

@@ -278,7 +278,12 @@ async def test_server_killed_after_5_completions_keeps_finished_results(
     stub = StubServer(latency_s=0.05, jitter_s=0.6).start()
     try:
         async with client(
-            stub, tmp_path, max_concurrency=8, max_retries=1, timeout=10.0, ejection=SHORT_EJECTION
+            stub,
+            tmp_path,
+            max_concurrency=8,
+            max_retries=1,
+            timeout_s=10.0,
+            ejection=SHORT_EJECTION,
         ) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(40)]))
             job_id = (await c.schedule_batch(record.id)).job_id

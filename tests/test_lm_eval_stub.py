@@ -15,7 +15,7 @@ from lm_eval.api.instance import Instance
 
 from batchclient import BatchFailedError, ConfigurationError
 from batchclient.cache import ResultCache
-from batchclient.cli._lm_eval import lm_eval_command, model_args
+from batchclient.cli._lm_eval import add_lm_eval_arguments, lm_eval_command, model_args
 from batchclient.integrations.lm_eval import BatchClientLM
 from batchclient.models import bundled_model_path
 from batchclient.testing import StubServer
@@ -132,10 +132,13 @@ def test_remote_needs_a_base_url_and_a_model() -> None:
 
 
 def _args(**kw: Any) -> argparse.Namespace:
-    base: dict[str, Any] = {"provider": "vllm", "model": None, "base_url": None, "tokenizer": None,
-            "max_concurrency": None, "no_cache": False, "engine_arg": [], "api_key": None,
-            "lm_eval_args": []}  # fmt: skip
-    return argparse.Namespace(**{**base, **kw})
+    """The command's own parse of no arguments, with ``kw`` set on it."""
+    parser = argparse.ArgumentParser()
+    add_lm_eval_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in kw.items():
+        setattr(args, key, value)
+    return args
 
 
 def test_command_builds_the_model_args() -> None:

@@ -4,7 +4,9 @@ section and the CLI flags."""
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, Literal, TypedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypedDict
 
 import pytest
 
@@ -120,3 +122,78 @@ def test_flags_are_shared_by_name_and_show_each_providers_default() -> None:
     assert flag_values(args, "second", Second, flags) == {"name": None}
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-retries", "x"])
+
+
+class Engine(TypedDict, total=False):
+    cpu_cores: Annotated[Sequence[int] | None, Option(None, "Cores to bind.")]
+    headers: Annotated[Mapping[str, str] | None, Option(None, "Extra HTTP headers.")]
+    resources: Annotated[Mapping[str, Any] | None, Option(None, "Ray resources, 50% of a GPU.")]
+    max_retries: Annotated[int, Option(2, "Retries of one engine call.")]
+
+
+def test_lists_and_mappings_have_flags_and_come_back_in_their_types() -> None:
+    parser = argparse.ArgumentParser()
+    flags = add_flags(parser, [("engine", Engine)])
+    text = " ".join(parser.format_help().split())
+    assert "--cpu-cores N [N ...]" in text and "--headers KEY=VALUE" in text
+    assert "Ray resources, 50% of a GPU" in text
+    args = parser.parse_args(
+        ["--cpu-cores", "0", "2", "--headers", "x-a=1", "--headers", "x-b=c=d",
+         "--resources", "num_cpus=2", "--resources", "label=gpu"]
+    )  # fmt: skip
+    assert flag_values(args, "engine", Engine, flags) == {
+        "cpu_cores": [0, 2],
+        "headers": {"x-a": "1", "x-b": "c=d"},  # a str mapping keeps its text
+        "resources": {"num_cpus": 2, "label": "gpu"},  # JSON where it is JSON
+    }
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--headers", "no-equals-sign"])
+
+
+def test_one_flag_lists_each_providers_own_help_where_they_differ() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, [("first", First), ("engine", Engine)], only={"max_retries"})
+    text = " ".join(parser.format_help().split())
+    assert "first: Retries of one HTTP call (default 8); engine: Retries of one engine" in text
+    assert "--poll-interval" not in text  # not among ``only``
+
+
+def test_one_name_with_two_types_is_a_declaration_error() -> None:
+    class Other(TypedDict, total=False):
+        max_retries: Annotated[str, Option("8", "Retries as text.")]
+
+    with pytest.raises(TypeError, match="max_retries"):
+        add_flags(argparse.ArgumentParser(), [("first", First), ("other", Other)])
+
+
+@dataclass(frozen=True)
+class Policy:
+    attempts: int = 3
+
+
+class WithPolicy(TypedDict, total=False):
+    policy: Annotated[Policy, Option(Policy(), "The policy.")]
+    tuned: Annotated[Policy, Option(Policy(5), "Another.")]
+
+
+def test_settings_objects_at_their_defaults_are_shown_by_name() -> None:
+    text = describe(WithPolicy)
+    assert "policy (default Policy()): The policy." in text
+    assert "tuned (default Policy(attempts=5)): Another." in text
+
+
+def test_document_puts_the_options_before_the_raises_section() -> None:
+    @document(Second)
+    class Client:
+        """A client.
+
+        Args:
+            url: where.
+
+        Raises (on entering ``async with``):
+            ConfigurationError: a bad option.
+        """
+
+    doc = Client.__doc__ or ""
+    assert doc.index("Args:") < doc.index("    Options:\n") < doc.index("Raises (on entering")
+    assert doc.rstrip().endswith("ConfigurationError: a bad option.")

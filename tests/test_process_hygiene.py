@@ -105,7 +105,7 @@ def test_bench_stops_its_server_on_sigterm(tmp_path: Path) -> None:
     """SIGTERM while the harness's vLLM server (its own session) is starting its engine."""
     proc = command(
         tmp_path,
-        "bench", "-n", "4", "--max-tokens", "8", "--modes", "remote", "--concurrency", "4",
+        "bench", "-n", "4", "--max-tokens", "8", "--modes", "remote", "--max-concurrency", "4",
         "--no-warmup", "--kv-cache-gib", "1", "--out", str(tmp_path), "--name", "sig",
     )  # fmt: skip
     seen: list[psutil.Process] = []

@@ -241,7 +241,7 @@ def test_a_job_resumes_after_its_client_process_is_killed(
     out, state = tmp_path / "out.jsonl", tmp_path / "state"
     cmd = [
         sys.executable, "-m", "batchclient.cli", "run", str(inp), "-o", str(out),
-        "--state-dir", str(state), "--provider", "ray", "--ray-address", "auto",
+        "--state-dir", str(state), "--provider", "ray", "--address", "auto",
         "--replicas", "1", "--max-concurrency", "4", "--no-progress",
         "--engine-arg", f"kv_cache_memory_bytes={KV}", "--engine-arg", "max_model_len=1024",
         "--cores-per-replica", "1",

@@ -19,7 +19,8 @@ from batchclient import (
     VLLMProvider,
     failed,
 )
-from batchclient.cli._run import add_run_arguments, make_provider
+from batchclient.cli._providers import make_provider
+from batchclient.cli._run import add_run_arguments
 from batchclient.errors import ErrorCode
 from batchclient.integrations.ray_data import OUTPUT_COLUMNS, ChatPredictor
 from batchclient.types import Endpoint
@@ -144,7 +145,7 @@ def test_cli_builds_a_ray_provider() -> None:
     args = parser.parse_args(
         [
             "in.jsonl", "-o", "out.jsonl", "--provider", "ray", "--replicas", "2",
-            "--ray-address", "auto", "--replica-resource", "num_cpus=2",
+            "--address", "auto", "--resources-per-replica", "num_cpus=2",
             "--engine-arg", "max_model_len=1024", "--max-concurrency", "16",
         ]
     )  # fmt: skip

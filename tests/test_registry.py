@@ -22,12 +22,14 @@ from batchclient import (
     RayBatchInference,
     RayProvider,
     RemoteBatchInference,
+    RemoteOptions,
     RemoteProvider,
     VLLMBatchInference,
     VLLMProvider,
     make_client,
     make_provider,
 )
+from batchclient._options import resolve
 from batchclient._registry import PROVIDERS
 from batchclient.cli._run import add_run_arguments
 from batchclient.cli._run import make_client as client_from_args
@@ -125,22 +127,31 @@ def test_the_cli_builds_its_clients_through_the_registry(tmp_path: Path) -> None
 
 
 def test_the_lm_eval_model_builds_its_client_through_the_registry(tmp_path: Path) -> None:
-    common: dict[str, Any] = {"api_key": None, "tokenizer": None, "max_concurrency": 7,
-                              "timeout": 30.0, "max_retries": 1, "state_dir": tmp_path}  # fmt: skip
-    remote = client_factory(
-        "remote", "m", base_url=URL + "/completions", engine_args={"rpm": 60.0}, **common
-    )()
+    common: dict[str, Any] = {"api_key": None, "tokenizer": None, "state_dir": tmp_path}
+    given = {"max_concurrency": 7, "timeout_s": 30.0, "max_retries": 1, "rpm": 60.0}
+    remote = client_factory("remote", "m", base_url=URL + "/completions", options=given, **common)()
     assert type(remote) is RemoteBatchInference and remote.base_url == URL
     assert remote.provider.max_concurrency == 7 and remote.state_dir == tmp_path
-    ray = client_factory("ray", None, base_url=None, engine_args={"max_model_len": 512}, **common)()
+    assert (remote.provider.timeout_s, remote.provider.options["rpm"]) == (30.0, 60.0)
+    default = client_factory("remote", "m", base_url=URL, options={}, **common)()
+    assert isinstance(default, RemoteBatchInference)
+    assert default.provider.options == resolve(RemoteOptions, {}, who="x")  # none passed
+    engine = {"max_concurrency": 7, "max_model_len": 512}
+    ray = client_factory("ray", None, base_url=None, options=engine, **common)()
     assert type(ray) is RayBatchInference and ray.provider.engine_args == {"max_model_len": 512}
+    assert ray.provider.max_concurrency == 7
     with pytest.raises(ConfigurationError, match="remote, vllm, ray, batch-api"):
-        client_factory("hf", None, base_url=None, engine_args={}, **common)
+        client_factory("hf", None, base_url=None, options={}, **common)
     with pytest.raises(ConfigurationError, match="no option rmp"):  # checked before building
-        client_factory("remote", "m", base_url=URL, engine_args={"rmp": 60.0}, **common)
+        client_factory("remote", "m", base_url=URL, options={"rmp": 60.0}, **common)
+    with pytest.raises(ConfigurationError, match="tokenizer is not an option of vllm"):
+        client_factory("vllm", None, base_url=None, options={}, **{**common, "tokenizer": "d"})
 
 
-NAME_BASED = ["cli/_run.py", "cli/_serve.py", "integrations/lm_eval/_session.py", "cli/_bench"]
+NAME_BASED = [
+    "cli/_run.py", "cli/_serve.py", "cli/_providers.py", "integrations/lm_eval/_session.py",
+    "cli/_bench",
+]  # fmt: skip
 """The modules that build providers from a name: only through the registry."""
 
 

@@ -115,7 +115,7 @@ async def test_exhausted_429_is_rate_limited_with_status_429() -> None:
 
 async def test_timeout_counts_per_attempt_and_becomes_an_item_error() -> None:
     with StubServer(faults=[Fault(StubReply(delay_s=5.0), match="slow")]) as stub:
-        async with RemoteBatchInference(stub.url, timeout=0.3, max_retries=1, **FAST) as client:
+        async with RemoteBatchInference(stub.url, timeout_s=0.3, max_retries=1, **FAST) as client:
             started = time.monotonic()
             result = await client.batch_chat_completion("smollm2", [convo("slow"), convo("fast")])
             elapsed = time.monotonic() - started
@@ -127,7 +127,7 @@ async def test_timeout_counts_per_attempt_and_becomes_an_item_error() -> None:
 
 async def test_slow_body_after_headers_times_out() -> None:
     with StubServer(faults=[Fault(StubReply(action="slow", delay_s=5.0), match="slow")]) as stub:
-        async with RemoteBatchInference(stub.url, timeout=0.3, max_retries=0) as client:
+        async with RemoteBatchInference(stub.url, timeout_s=0.3, max_retries=0) as client:
             result = await client.batch_chat_completion("smollm2", [convo("slow")])
     assert result.batch[0].error is not None and result.batch[0].error.code == "timeout"
 

@@ -176,7 +176,7 @@ async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
 async def test_malformed_quota_headers_are_ignored(headers: dict[str, str]) -> None:
     reply = StubReply(headers=headers)
     with StubServer(handler=lambda body, attempt: reply) as stub:
-        async with RemoteBatchInference(stub.url, timeout=5, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, timeout_s=5, retry=FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(20))
     assert all(r.error is None for r in result.batch)
 

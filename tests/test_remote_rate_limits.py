@@ -105,13 +105,13 @@ async def test_timeouts_count_from_dispatch_not_from_queueing() -> None:
     PR #17192)."""
     with StubServer(latency_s=0.3) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=2, adaptive=False, timeout=0.5, max_retries=0
+            stub.url, max_concurrency=2, adaptive=False, timeout_s=0.5, max_retries=0
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", [convo(f"n{i}") for i in range(10)]
             )
         async with RemoteBatchInference(
-            stub.url, rpm=4, rate_limits=RateLimits(period_s=1.0), timeout=0.5, max_retries=0
+            stub.url, rpm=4, rate_limits=RateLimits(period_s=1.0), timeout_s=0.5, max_retries=0
         ) as client:
             limited = await client.batch_chat_completion(
                 "smollm2", [convo(f"r{i}") for i in range(8)]

@@ -24,7 +24,7 @@ async def test_a_dead_endpoint_is_ejected_and_later_batches_avoid_it() -> None:
             [s.url for s in stubs],
             max_concurrency=8,
             ejection=Ejection(duration_s=30.0),
-            timeout=10.0,
+            timeout_s=10.0,
             **FAST,
         ) as client:
             async with anyio.create_task_group() as tg:
@@ -53,7 +53,7 @@ async def test_the_whole_batch_succeeds_when_one_endpoint_dies_mid_run() -> None
     try:
         # timeout: an attempt caught on a connection the kill left half-open (no reset, no
         # answer, as with a crashed host) is retried elsewhere after 3 s instead of 600 s
-        async with RemoteBatchInference([s.url for s in stubs], timeout=3.0, **FAST) as client:
+        async with RemoteBatchInference([s.url for s in stubs], timeout_s=3.0, **FAST) as client:
 
             async def run() -> None:
                 box["result"] = await client.batch_chat_completion(

@@ -330,7 +330,7 @@ async def test_an_http_10_answer_is_not_reused_as_keep_alive() -> None:
         await asyncio.sleep(5)  # keeps the socket open: only the client can tell it is done
 
     async with serve(once) as port:
-        async with RemoteBatchInference(url(port), timeout=2, max_retries=0) as client:
+        async with RemoteBatchInference(url(port), timeout_s=2, max_retries=0) as client:
             result = await client.batch_chat_completion("m", CONVO * 3)
     assert [r.text for r in result.batch] == ["ok"] * 3
     assert seen.connections == 4  # one per request, the model check included
@@ -494,7 +494,7 @@ async def test_idle_connections_expire_before_a_middlebox_drops_them(expiry_s: f
     async with (
         serve(blackhole_after_idle(0.6, seen)) as port,
         RemoteBatchInference(
-            url(port), timeout=0.5, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
+            url(port), timeout_s=0.5, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
         ) as client,
     ):
         first = await client.batch_chat_completion("m", CONVO)

@@ -10,8 +10,9 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
 - :class:`AnthropicBatchInference`: Anthropic Message Batches, as durable, with OpenAI bodies;
 - :class:`GeminiBatchInference`: Google's Gemini Batch API, on the same durable machinery;
 - :class:`BatchClient`: the same protocol over a provider of your own;
-- :func:`make_client` / :func:`make_provider`: any of them by provider name (``"remote"``,
-  ``"vllm"``, ``"ray"``, ``"batch-api"``) and options, as ``batchclient run --provider`` does.
+- :func:`make_client` / :func:`make_provider`: any of them by provider name ({names}) and
+  options, as ``batchclient run --provider`` does (``batchclient providers`` lists each one's
+  options and defaults).
 
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
 ``batches``, ``schedule_batch``, ``job_status``, ``job_cancel``, ``job_result``; guide:
@@ -41,6 +42,9 @@ from ._core.tokens import (
     HFTokenizer,
     Tokenizer,
     TokenizerInfo,
+)
+from ._registry import (
+    PROVIDERS as _PROVIDERS,
 )
 from ._registry import (
     make_client,
@@ -259,3 +263,6 @@ __all__ = [
     "make_client",
     "make_provider",
 ]
+
+# the provider names, from the registry itself
+__doc__ = (__doc__ or "").replace("{names}", ", ".join(f'``"{n}"``' for n in _PROVIDERS))

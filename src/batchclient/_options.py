@@ -23,10 +23,15 @@ a duration in seconds ends in ``_s`` (its flag drops the suffix: ``poll_interval
 from __future__ import annotations
 
 import argparse
+import collections.abc
+import contextlib
+import dataclasses
 import functools
+import json
+import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -39,6 +44,7 @@ __all__ = [
     "describe",
     "document",
     "flag_values",
+    "is_declared",
     "resolve",
     "specs",
     "split",
@@ -46,6 +52,8 @@ __all__ = [
 
 T = TypeVar("T")
 _SCALARS = (bool, int, float, str)
+_SEQUENCES = (collections.abc.Sequence, list, tuple)
+_MAPPINGS = (collections.abc.Mapping, dict)
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ class OptionSpec:
     def flag(self) -> str | None:
         """The CLI flag (``--poll-interval`` for ``poll_interval_s``), or None when the CLI
         does not offer this option (not declared for it, or not a type a shell can spell)."""
-        if not self.option.flag or self.scalar is None:
+        if not self.option.flag or self.shape is None:
             return None
         return "--" + self.name.removesuffix("_s").replace("_", "-")
 
@@ -90,13 +98,28 @@ class OptionSpec:
     def scalar(self) -> type | None:
         """The one scalar type (bool, int, float, str) the value is, or None (``X | None``
         counts as ``X``; a ``Literal`` of strings as ``str``)."""
-        kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
-        if len(kinds) != 1:
+        kind = self._kind()
+        return None if kind is None else _scalar_of(kind)
+
+    @property
+    def shape(self) -> Literal["scalar", "list", "mapping"] | None:
+        """How a shell spells the value: one word (a scalar), several (``Sequence[X]``, X a
+        scalar), or repeated ``KEY=VALUE`` words (``Mapping[str, X]``); None: it cannot."""
+        kind = self._kind()
+        if kind is None:
             return None
-        kind = kinds[0]
-        if get_origin(kind) is Literal:
-            return str if all(isinstance(v, str) for v in get_args(kind)) else None
-        return kind if kind in _SCALARS else None
+        if _scalar_of(kind) is not None:
+            return "scalar"
+        origin, args = get_origin(kind), get_args(kind)
+        if origin in _SEQUENCES and len(args) == 1 and _scalar_of(args[0]) is not None:
+            return "list"
+        if origin in _MAPPINGS and len(args) == 2 and args[0] is str:
+            return "mapping"
+        return None
+
+    def _kind(self) -> Any:
+        kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
+        return kinds[0] if len(kinds) == 1 else None
 
     @property
     def choices(self) -> tuple[str, ...] | None:
@@ -111,7 +134,10 @@ class OptionSpec:
             return self.option.metavar
         if self.name.endswith("_s"):
             return "SECONDS"
-        return {int: "N", float: "X", str: "TEXT"}.get(self.scalar or str, "VALUE")
+        kind = self.scalar
+        if self.shape == "list":
+            kind = _scalar_of(get_args(self._kind())[0])
+        return {int: "N", float: "NUMBER", str: "TEXT"}.get(kind or str, "VALUE")
 
     def check(self, value: Any, who: str) -> None:
         """Raise ``ConfigurationError`` when ``value`` is plainly not of a scalar option's
@@ -123,6 +149,12 @@ class OptionSpec:
             return
         names = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
         raise ConfigurationError(f"{who}: option {self.name} must be {names}, not {value!r}")
+
+
+def _scalar_of(kind: Any) -> type | None:
+    if get_origin(kind) is Literal:
+        return str if all(isinstance(v, str) for v in get_args(kind)) else None
+    return kind if kind in _SCALARS else None
 
 
 def _is(value: Any, kind: Any) -> bool:
@@ -157,6 +189,15 @@ def specs(options: type) -> dict[str, OptionSpec]:
             raise TypeError(f"{options.__name__}.{name} is not Annotated[..., Option(...)]")
         out[name] = OptionSpec(name, get_args(hint)[0], meta[0])
     return out
+
+
+def is_declared(options: type) -> bool:
+    """Whether every entry of the ``TypedDict`` is ``Annotated[..., Option(...)]``."""
+    try:
+        specs(options)
+    except TypeError:
+        return False
+    return True
 
 
 def resolve(options: type[T], given: Mapping[str, Any], *, who: str) -> T:
@@ -205,17 +246,28 @@ def describe(options: type, *, indent: int = 8) -> str:
     pad = " " * indent
     for spec in specs(options).values():
         head = f"{spec.name} (default {_shown(spec.default)}): {spec.help}"
-        lines.extend(textwrap.wrap(head, 96, initial_indent=pad, subsequent_indent=pad + "    "))
+        wrap = textwrap.TextWrapper(96, pad, pad + "    ", break_on_hyphens=False)
+        lines.extend(wrap.wrap(head))
     return "\n".join(lines)
 
 
 def document(options: type, *, heading: str = "Options") -> Any:
     """A class decorator: the class docstring gets ``heading`` and :func:`describe` of
-    ``options`` at its end (``help(Client)`` shows every option where it is declared)."""
+    ``options`` before its ``Raises`` section, else at its end (``help(Client)`` shows every
+    option where it is declared)."""
 
     def decorate(cls: type[T]) -> type[T]:
         body = (cls.__doc__ or "").rstrip()
-        cls.__doc__ = f"{body}\n\n    {heading}:\n{describe(options)}\n"
+        section = f"    {heading}:\n{describe(options)}\n"
+        lines = body.split("\n")
+        at = next(
+            (i for i, line in enumerate(lines) if re.fullmatch(r"\s*Raises( \(.*\))?:", line)), None
+        )
+        if at is None:
+            cls.__doc__ = f"{body}\n\n{section}"
+        else:
+            head, tail = "\n".join(lines[:at]).rstrip(), "\n".join(lines[at:])
+            cls.__doc__ = f"{head}\n\n{section}\n{tail}\n"
         return cls
 
     return decorate
@@ -224,67 +276,129 @@ def document(options: type, *, heading: str = "Options") -> Any:
 def _shown(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        with contextlib.suppress(TypeError):
+            if value == type(value)():  # a settings object at its defaults: not every field
+                return type(value).__name__ + "()"
     if type(value).__repr__ is object.__repr__:  # type: ignore[comparison-overlap]
         return type(value).__name__ + "()"
     return repr(value)
 
 
+Flags = dict[str, list[tuple[str, OptionSpec]]]
+"""The CLI's provider flags: option name -> the ``(provider, declaration)`` pairs behind it."""
+
+
 def add_flags(
-    parser: argparse.ArgumentParser | Any, providers: Iterable[tuple[str, type]]
-) -> dict[str, list[tuple[str, OptionSpec]]]:
-    """Add one flag per option the CLI offers, over every ``(provider name, options)`` pair:
-    an option several providers declare is one flag whose help gives each one's default.
-    The flags default to "not given" (absent from the namespace), so a provider's own
-    default applies. Returns the flags' providers by option name (for :func:`flag_values`).
+    parser: argparse.ArgumentParser | Any,
+    providers: Iterable[tuple[str, type]],
+    *,
+    only: Collection[str] | None = None,
+) -> Flags:
+    """Add one flag per option the CLI offers, over every ``(provider name, options)`` pair
+    (``only``: just these option names): an option several providers declare is one flag
+    whose help gives each one's default. The flags default to "not given" (absent from the
+    namespace), so a provider's own default applies. A ``Sequence`` option takes several
+    values (``--cpu-cores 0 1``), a ``Mapping`` one repeated ``KEY=VALUE`` words (values read
+    as JSON where they are, unless the mapping holds ``str``). Returns the flags' providers by
+    option name (for :func:`flag_values`).
+
+    Raises:
+        TypeError: two providers declare one option name with values of different types.
     """
-    by_name: dict[str, list[tuple[str, OptionSpec]]] = {}
+    by_name: Flags = {}
     for provider, options in providers:
         for spec in specs(options).values():
-            if spec.flag is not None:
+            if spec.flag is not None and (only is None or spec.name in only):
                 by_name.setdefault(spec.name, []).append((provider, spec))
     for name, declared in by_name.items():
         first = declared[0][1]
-        flag = str(first.flag)
-        defaults: dict[str, list[str]] = {}
-        for provider, spec in declared:
-            defaults.setdefault(_shown(spec.default), []).append(provider)
-        where = ", ".join(p for p, _ in declared)
-        if len(defaults) == 1:
-            default_text = f"default {next(iter(defaults))}"
-        else:
-            each = (f"{', '.join(p)}: {d}" for d, p in defaults.items())
-            default_text = "default " + "; ".join(each)
-        text = f"{where}: {first.help.rstrip('.')} ({default_text})"
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
-        if first.scalar is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        for provider, spec in declared[1:]:
+            if _kind_of(spec) != _kind_of(first):
+                raise TypeError(f"option {name}: {provider} and {declared[0][0]} differ in type")
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        kwargs["help"] = _flag_help(declared).replace("%", "%%")  # argparse formats it
+        if first.shape == "scalar" and first.scalar is bool:
+            parser.add_argument(str(first.flag), action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        kwargs["metavar"] = first.metavar
         if first.choices:
             kwargs["choices"] = first.choices
-            kwargs.pop("metavar")
-        parser.add_argument(flag, type=_parser_of(first), **kwargs)
+        else:
+            kwargs["metavar"] = "KEY=VALUE" if first.shape == "mapping" else first.metavar
+        if first.shape == "list":
+            kwargs["nargs"] = "+"
+        elif first.shape == "mapping":
+            kwargs["action"] = "append"
+        parser.add_argument(str(first.flag), type=_parser_of(first), **kwargs)
     return by_name
 
 
+_FIRST_SENTENCE = re.compile(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])")
+
+
+def _kind_of(spec: OptionSpec) -> tuple[Any, ...]:
+    return spec.shape, spec.scalar, spec.choices
+
+
+def _flag_help(declared: list[tuple[str, OptionSpec]]) -> str:
+    """``providers: help (default X)``, the help's first sentence (``batchclient providers``
+    prints all of it); providers that differ in help or default are listed one after the
+    other, each with its own."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for provider, spec in declared:
+        text = _FIRST_SENTENCE.split(spec.help, maxsplit=1)[0].rstrip(".")
+        groups.setdefault((text, _shown(spec.default)), []).append(provider)
+    helps = {text for text, _ in groups}
+    if len(helps) == 1:  # one text: each provider's default after it
+        defaults: dict[str, list[str]] = {}
+        for (_, default), names in groups.items():
+            defaults.setdefault(default, []).extend(names)
+        where = ", ".join(p for p, _ in declared)
+        if len(defaults) == 1:
+            return f"{where}: {next(iter(helps))} (default {next(iter(defaults))})"
+        each = "; ".join(f"{', '.join(names)}: {d}" for d, names in defaults.items())
+        return f"{where}: {next(iter(helps))} (default {each})"
+    return "; ".join(
+        f"{', '.join(names)}: {text} (default {default})"
+        for (text, default), names in groups.items()
+    )
+
+
 def _parser_of(spec: OptionSpec) -> Any:
-    kind = spec.scalar
+    """The ``type=`` of ``spec``'s flag: one word (of a list's words) to its value, or a
+    ``KEY=VALUE`` word to a ``(key, value)`` pair."""
+    kind = _scalar_of(get_args(spec._kind())[0]) if spec.shape == "list" else spec.scalar
     nullable = type(None) in _union_args(spec.annotation)
 
     def parse(text: str) -> Any:
-        if nullable and text.lower() in ("none", "null"):
+        if nullable and spec.shape == "scalar" and text.lower() in ("none", "null"):
             return None
         assert kind is not None
         return kind(text)
 
+    def pair(text: str) -> tuple[str, Any]:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+        if get_args(spec._kind())[1] is str:
+            return key, value
+        try:
+            return key, json.loads(value)
+        except ValueError:
+            return key, value
+
+    if spec.shape == "mapping":
+        pair.__name__ = "KEY=VALUE"
+        return pair
     parse.__name__ = (kind or str).__name__  # argparse names it in "invalid int value"
     return parse
 
 
 def flag_values(
-    args: argparse.Namespace, provider: str, options: type, flags: Mapping[str, Any]
+    args: argparse.Namespace, provider: str, options: type, flags: Flags
 ) -> dict[str, Any]:
-    """The options given as flags for ``provider`` (declared by ``options``).
+    """The options given as flags for ``provider`` (declared by ``options``), as values of
+    their declared types (a mapping's ``KEY=VALUE`` words as a dict).
 
     Raises:
         ConfigurationError: a flag was given that ``provider`` does not take.
@@ -294,4 +408,7 @@ def flag_values(
     wrong = sorted(str(flags[n][0][1].flag) for n in given if n not in declared)
     if wrong:
         raise ConfigurationError(f"{', '.join(wrong)} does not apply to provider {provider!r}")
+    for name, value in given.items():
+        if declared[name].shape == "mapping":
+            given[name] = dict(value)
     return given

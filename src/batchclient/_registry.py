@@ -1,11 +1,12 @@
 """The provider registry: a provider's name and options -> the provider, or its client.
 
 One place knows the names (``remote``, ``vllm``, ``ray``, ``batch-api``, ``anthropic-batch``,
-``gemini-batch``) and which classes and options they stand for; ``batchclient run`` and
-``serve`` (their ``--provider`` flags), the lm-eval model (``provider=...``) and the benchmark
-build their providers here. Options are the constructors' own keyword arguments (``base_url``,
-``api_key``, ``model``, the provider's options ``TypedDict``, engine arguments for ``vllm`` and
-``ray``), checked by name before
+``gemini-batch``) and which classes and options they stand for; ``batchclient run``, ``serve``
+and ``lm-eval`` (their ``--provider`` flags, and the provider flags derived from each entry's
+options ``TypedDict``), ``batchclient providers`` (:meth:`ProviderEntry.describe`), the lm-eval
+model (``provider=...``) and the benchmark build their providers here. Options are the
+constructors' own keyword arguments (``base_url``, ``api_key``, ``model``, the provider's
+options ``TypedDict``, engine arguments for ``vllm`` and ``ray``), checked by name before
 anything is built: an unknown name or option is a ``ConfigurationError`` listing the known
 ones. Nothing here starts a provider, and neither vLLM nor Ray is imported.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from ._core.client import BatchClient
 from ._core.provider import Provider
+from ._options import describe, is_declared
 from .batchapi import (
     AnthropicBatchInference,
     AnthropicBatchOptions,
@@ -60,6 +62,11 @@ class ProviderEntry:
     engine_args: bool = False
     cache: bool = True
 
+    @property
+    def option_names(self) -> list[str]:
+        """The names ``options`` declares, in declaration order."""
+        return list(self.options.__annotations__)
+
     def arguments(self, *, client: bool) -> dict[str, inspect.Parameter]:
         """The named arguments the provider (or the client) takes, ``state_dir`` and
         ``cache`` aside: its positional ones, its options and the client's own."""
@@ -70,11 +77,29 @@ class ProviderEntry:
                     named.setdefault(p.name, p)
         named.pop("state_dir", None)
         named.pop("cache", None)
-        for option in self.options.__annotations__:
+        for option in self.option_names:
             named.setdefault(
                 option, inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=None)
             )
         return named
+
+    def describe(self) -> str:
+        """What ``batchclient providers`` prints for this name: its summary, the arguments of
+        its client, and each option with its default and help."""
+        named = self.arguments(client=True)
+        shown = [
+            n + (" (required)" if p.default is inspect.Parameter.empty else "")
+            for n, p in named.items()
+            if n not in self.option_names
+        ]
+        lines = [f"{self.name}: {self.summary}", f"    arguments: {', '.join(shown)}"]
+        if is_declared(self.options):
+            lines += ["    options:", describe(self.options)]
+        else:
+            lines.append(f"    options: {', '.join(self.option_names)}")
+        if self.engine_args:
+            lines.append("    any other option: a vLLM engine argument (AsyncEngineArgs)")
+        return "\n".join(lines)
 
 
 PROVIDERS: dict[str, ProviderEntry] = {

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AdaptiveConcurrency", "Ejection", "RateLimits", "RetryPolicy"]
+from .._options import Option
+
+__all__ = ["PREFIX_AFFINITY", "AdaptiveConcurrency", "Ejection", "RateLimits", "RetryPolicy"]
+
+PREFIX_AFFINITY = Option(
+    True,
+    "With several replicas, send requests that share a prefix (a scoring context, a chat's "
+    "leading messages) to the replica that prefix ranks first while it has room "
+    "(docs/scale-out.md, Prefix affinity); False: every request to the least-loaded replica.",
+)
+"""The ``prefix_affinity`` option of every provider that routes over replicas."""
 
 
 @dataclass(frozen=True)

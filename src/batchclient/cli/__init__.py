@@ -6,19 +6,22 @@ manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
     batchclient run INPUT.jsonl -o OUTPUT.jsonl [--errors ERRORS.jsonl]
                     --provider remote --base-url URL [--api-key KEY] [--max-concurrency N]
                   | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
-                  | --provider ray [--replicas N] [--ray-address A] [--model M]
-                                   [--replica-resource KEY=VALUE ...] [--engine-arg ...]
+                  | --provider ray [--replicas N] [--address A] [--model M]
+                                   [--resources-per-replica KEY=VALUE ...] [--engine-arg ...]
                   | --provider batch-api --base-url URL [--poll-interval S] [--max-lines N]
+                  (every option of the provider is a flag: batchclient providers lists them)
     batchclient serve [--host 127.0.0.1] [--port 8000] [--api-key KEY ...]
                     --provider remote --base-url URL | --provider vllm [--model M]
     batchclient run INPUT.jsonl ... [--cache] | --dry-run [--tokenizer DIR] [--price-input USD]
                     [--price-output USD]
     batchclient jobs list | status ID | cancel ID | result ID [-o FILE] [--errors FILE]
     batchclient cache stats | clear [--older-than 7d] [--model M]
-    batchclient bench [-n 256] [--modes ...] [--concurrency 8 64 256] [--repeat N] [--base-url URL]
+    batchclient bench [-n 256] [--modes ...] [--max-concurrency 8 64 256] [--repeat N]
+                      [--base-url URL]
     batchclient lm-eval --provider remote --base-url URL --model NAME [--tokenizer DIR]
                       | --provider vllm [--model M] [--engine-arg KEY=VALUE ...]
                       -- <lm-eval arguments: --tasks ... --include_path ... --limit N>
+    batchclient providers [NAME]
 
 ``run``, ``serve``, ``jobs``, ``cache`` and ``lm-eval`` take ``--state-dir`` (default
 ``$BATCHCLIENT_STATE_DIR`` or the user data directory). Subcommands register themselves in
@@ -133,6 +136,22 @@ def _add_serve(
     p.set_defaults(func=serve_command)
 
 
+def _add_providers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from ._providers import add_providers_arguments, providers_command
+
+    p = sub.add_parser(
+        "providers",
+        help="list the providers, their arguments and options with defaults",
+        description="Every name --provider takes, what it stands for, and each of its options "
+        "with its default and what it does (the flags of run, serve and lm-eval are these "
+        "options: max_concurrency is --max-concurrency, timeout_s is --timeout).",
+    )
+    add_providers_arguments(p)
+    p.set_defaults(func=providers_command)
+
+
 def _add_lm_eval(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
@@ -159,6 +178,7 @@ COMMANDS: list[Register] = [
     _add_bench,
     _add_demo,
     _add_lm_eval,
+    _add_providers,
 ]
 """Subcommand registrars, in help order."""
 

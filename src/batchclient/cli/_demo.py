@@ -2,14 +2,15 @@
 
 Samples 200 conversations from ShareGPT V3 by vLLM's benchmark rules (fixed seed), starts the
 real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them through
-``RemoteBatchInference`` with 64 in flight and the first 16 one at a time (the "without
-batching" baseline); then, after the server has stopped, through ``VLLMBatchInference`` (unless
-``--no-inline``). Prints a table (requests, output tokens, wall time, output tokens/s, speedup
-over one at a time) and writes every answer to a JSONL file whose path it prints. vLLM shows
-only its warnings and errors unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
+``RemoteBatchInference`` with ``--max-concurrency`` in flight (the remote provider's default,
+64) and the first 16 one at a time (the "without batching" baseline); then, after the server
+has stopped, through ``VLLMBatchInference`` (unless ``--no-inline``). Prints a table
+(requests, output tokens, wall time, output tokens/s, speedup over one at a time) and writes
+every answer to a JSONL file whose path it prints. vLLM shows only its warnings and errors
+unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
 
-    batchclient demo [-n 200] [--max-tokens 128] [--concurrency 64] [--no-inline] [--out DIR]
-                     [--verbose]
+    batchclient demo [-n 200] [--max-tokens 128] [--max-concurrency 64] [--no-inline]
+                     [--out DIR] [--verbose]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import anyio
 from rich.console import Console
@@ -27,9 +29,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .._core.client import BatchClient
+from .._options import add_flags, flag_values, resolve
 from ..datasets import SharegptSample, sample_sharegpt
 from ..inline import VLLMBatchInference
-from ..remote import RemoteBatchInference
+from ..remote import RemoteBatchInference, RemoteOptions
 from ..testing import vllm_server
 from ..types import BatchChatCompletionResponse, BatchProgress, SamplingParams
 
@@ -58,10 +61,10 @@ async def _run_remote(
     mode: str,
     samples: Sequence[SharegptSample],
     cap: int,
-    concurrency: int,
+    options: RemoteOptions,
     console: Console,
 ) -> ModeRun:
-    async with RemoteBatchInference(url, max_concurrency=concurrency) as client:
+    async with RemoteBatchInference(url, **options) as client:
         return await _run(client, mode, samples, cap, console)
 
 
@@ -153,11 +156,13 @@ def _write_answers(path: Path, samples: Sequence[SharegptSample], runs: list[Mod
 async def _remote_runs(
     url: str, samples: Sequence[SharegptSample], args: argparse.Namespace, console: Console
 ) -> list[ModeRun]:
-    mode = f"remote x{args.concurrency}"
+    given = cast(RemoteOptions, flag_values(args, "remote", RemoteOptions, args.provider_flags))
+    mode = f"remote x{resolve(RemoteOptions, given, who='the demo')['max_concurrency']}"
+    one = RemoteOptions(max_concurrency=1)
     return [
-        await _run_remote(url, mode, samples, args.max_tokens, args.concurrency, console),
+        await _run_remote(url, mode, samples, args.max_tokens, given, console),
         await _run_remote(
-            url, "one at a time", samples[: args.sequential], args.max_tokens, 1, console
+            url, "one at a time", samples[: args.sequential], args.max_tokens, one, console
         ),
     ]
 
@@ -189,7 +194,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=128, help="cap on output tokens per answer (default 128)"
     )
-    parser.add_argument("--concurrency", type=int, default=64, help="in flight (default 64)")
+    # the remote provider's own flag (its default, its help)
+    flags = add_flags(parser, [("remote", RemoteOptions)], only={"max_concurrency"})
+    parser.set_defaults(provider_flags=flags)
     parser.add_argument(
         "--sequential", type=int, default=16, help="conversations run one at a time (default 16)"
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import _registry as registry
 from ..errors import ConfigurationError
+from ._providers import add_option_flags, entries, given_options
 
 
 def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,12 +45,6 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
         "without it scoring uses the server's /tokenize)",
     )
     p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        help="requests in flight (remote default 64, vllm 1024)",
-    )
-    p.add_argument(
         "--no-cache",
         action="store_true",
         help="keep no answers (default: answers are kept in the state directory and a re-run "
@@ -62,6 +57,7 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="vllm: an engine argument (e.g. max_model_len=2048), repeatable",
     )
+    add_option_flags(p, entries(batch_api=True), own={"tokenizer"})
     p.add_argument(
         "lm_eval_args",
         nargs="*",
@@ -71,9 +67,16 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def model_args(args: argparse.Namespace) -> str:
-    """The ``--model_args`` string for ``BatchClientLM`` (``key=value,...``)."""
+    """The ``--model_args`` string for ``BatchClientLM`` (``key=value,...``): its own
+    arguments, then the provider options given as flags and the engine arguments (lm-eval
+    reads each value back as a bool, None, number or text).
+
+    Raises:
+        ConfigurationError: a flag the provider does not take, or a value lm-eval's
+            ``--model_args`` cannot hold.
+    """
     values: dict[str, Any] = {"provider": args.provider}
-    for key in ("model", "base_url", "tokenizer", "max_concurrency"):
+    for key in ("model", "base_url", "tokenizer"):
         value = getattr(args, key)
         if value is not None:
             values[key] = value
@@ -82,10 +85,13 @@ def model_args(args: argparse.Namespace) -> str:
         values["state_dir"] = state_dir
     if args.no_cache:
         values["cache"] = False
+    values.update(given_options(args, registry.entry_of(args.provider)))
     for item in args.engine_arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigurationError(f"--engine-arg {item!r} is not KEY=VALUE")
+        if key in values:
+            raise ConfigurationError(f"--engine-arg {key}: give it with its own flag")
         values[key] = value
     for key, value in values.items():
         if "," in str(value) or "=" in str(value):

@@ -46,8 +46,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from .. import _registry as registry
 from .._core.client import BatchClient
-from .._core.provider import Provider
-from ..batchapi import FLAVORS, PRICE_NOTES, flavor_of
+from ..batchapi import PRICE_NOTES
 from ..errors import ConfigurationError
 from ..jobs import (
     JobManager,
@@ -57,8 +56,12 @@ from ..jobs import (
     file_endpoint,
 )
 from ..types import Batch, BatchStatus
+from ._providers import add_provider_arguments
+from ._providers import make_client as make_registry_client
 
 RUN_KEY = "batchclient_run"
+COMPLETION_WINDOW = "24h"
+"""A job's completion window when ``--completion-window`` is not given."""
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +78,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_provider_arguments(p, api_key_flag="--api-key", batch_api=True)
     p.add_argument(
         "--completion-window",
-        default="24h",
-        help="how long the job may run, e.g. 24h, 30m (default 24h)",
+        default=None,
+        help=f"how long the job may run, e.g. 24h, 30m (default {COMPLETION_WINDOW}; batch-api: "
+        "also its remote batches' window)",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     dry = p.add_argument_group("dry run")
@@ -109,139 +113,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_provider_arguments(
-    p: argparse.ArgumentParser, *, api_key_flag: str, batch_api: bool = False
-) -> None:
-    """The options that choose and configure a provider (``run`` and ``serve`` share them;
-    :func:`make_provider` builds it); ``api_key_flag`` names the option of
-    the remote endpoint's key (``serve`` keeps ``--api-key`` for its own keys). ``batch_api``
-    adds ``--provider batch-api`` and its options (``run`` only: a remote Batch API runs whole
-    files, not the one request at a time a server in front of it would send)."""
-    # the batch providers (no result cache) run whole files: ``run`` only
-    choices = [name for name, e in registry.PROVIDERS.items() if batch_api or e.cache]
-    p.add_argument(
-        "--provider",
-        choices=choices,
-        default="remote",
-        help="remote: live fan-out to an OpenAI-compatible server; vllm: an engine in this "
-        "process; ray: engine replicas as Ray actors"
-        + (
-            "; batch-api: a remote OpenAI Batch API (/v1/files + /v1/batches: OpenAI's "
-            "discounted batches, or a `batchclient serve`); anthropic-batch: Anthropic Message "
-            "Batches (key: --api-key or $ANTHROPIC_API_KEY); gemini-batch: the Gemini Batch API "
-            "(key: --api-key, $GEMINI_API_KEY or $GOOGLE_API_KEY)"
-            if batch_api
-            else ""
-        ),
-    )
-    where = "remote, batch-api" if batch_api else "remote"
-    others = "; anthropic-batch, gemini-batch: " if batch_api else ""
-    p.add_argument(
-        "--base-url",
-        help=f"{where}: API root ending in /v1"
-        + (f"{others}the API root (default: the provider's own)" if others else ""),
-    )
-    p.add_argument(
-        api_key_flag,
-        dest="upstream_api_key",
-        metavar="KEY",
-        default=None,
-        help=f"{where}: bearer token sent to --base-url (default $OPENAI_API_KEY; for a "
-        "Together, Groq or Mistral host: $TOGETHER_API_KEY, $GROQ_API_KEY, $MISTRAL_API_KEY)"
-        + (
-            f"{others}their key (default $ANTHROPIC_API_KEY; $GEMINI_API_KEY or $GOOGLE_API_KEY)"
-            if others
-            else ""
-        ),
-    )
-    if batch_api:
-        p.add_argument(
-            "--flavor",
-            choices=sorted(FLAVORS),
-            default=None,
-            help="batch-api: which provider's variant of the Batch API (default: from the "
-            "--base-url host, api.together.xyz / api.groq.com / api.mistral.ai, else openai)",
-        )
-        p.add_argument(
-            "--poll-interval",
-            type=float,
-            default=10.0,
-            help="batch-api, anthropic-batch, gemini-batch: seconds between two polls of a "
-            "remote batch (default 10)",
-        )
-        p.add_argument(
-            "--max-lines",
-            type=int,
-            default=None,
-            help="batch-api, anthropic-batch, gemini-batch: most requests in one remote batch; "
-            "more are split (default: the flavour's or provider's limit, 50000 for batch-api)",
-        )
-        p.add_argument(
-            "--max-bytes",
-            type=int,
-            default=None,
-            help="batch-api, anthropic-batch, gemini-batch: largest remote batch in bytes "
-            "(default: the flavour's or provider's limit, 200 MiB for openai, 100 MiB for the "
-            "other flavours)",
-        )
-    p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        help="requests in flight (remote: per endpoint, default 64; vllm: handed to the engine "
-        "at once, default 1024; ray: per replica, default 1024)",
-    )
-    p.add_argument(
-        "--max-retries",
-        type=int,
-        default=None,
-        help="remote: retries per request (default 4)"
-        + ("; batch-api: retries per API call (default 8)" if batch_api else ""),
-    )
-    p.add_argument("--timeout", type=float, default=600.0, help="remote: seconds per attempt")
-    p.add_argument("--model", default=None, help="vllm, ray: model path or name (default: bundled)")
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="vllm, ray: an engine argument (value parsed as JSON if it can be), repeatable",
-    )
-    p.add_argument("--replicas", type=int, default=1, help="ray: engine replicas (default 1)")
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDRESS",
-        help="ray: an existing cluster (auto, ray://host:10001); default: start a local Ray",
-    )
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="vllm: show everything vLLM prints (default: its warnings and errors only; "
-        "BATCHCLIENT_VERBOSE=1 does the same)",
-    )
-    p.add_argument(
-        "--cache",
-        action="store_true",
-        help="answer from the result cache in the state directory and fill it (successes only)",
-    )
-    p.add_argument(
-        "--cores-per-replica",
-        type=int,
-        default=None,
-        metavar="N",
-        help="ray, CPU: cores each replica binds (default: a one-node Ray's cores divided "
-        "among the replicas, else each replica's num_cpus)",
-    )
-    p.add_argument(
-        "--replica-resource",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="ray: a Ray resource of each replica (num_cpus=2, num_gpus=1, ...), repeatable",
-    )
-
-
 def _check_paths(args: argparse.Namespace) -> None:
     """Never write over the input, or errors over the output (vllm PR #52505: an output path
     equal to the input path truncated the input)."""
@@ -269,105 +140,14 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def provider_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The registry options (:func:`batchclient._registry.make_client`) that the flags of
-    :func:`add_provider_arguments` give ``--provider``: only the flags that provider reads, and
-    only those given (the provider's own defaults otherwise)."""
-    name = args.provider
-    options: dict[str, Any]
-    if name in ("anthropic-batch", "gemini-batch"):
-        if getattr(args, "flavor", None) is not None:  # said, so not to be dropped in silence
-            raise ConfigurationError(f"--flavor is for --provider batch-api, not {name}")
-        key = args.upstream_api_key
-        if getattr(args, "dry_run", False) and not key:
-            key = "unused-by-dry-run"  # nothing is sent, so an estimate needs no key
-        options = {"api_key": key, "base_url": args.base_url}
-        options.update(poll_interval=args.poll_interval, timeout=args.timeout)
-        if args.max_retries is not None:
-            options["max_retries"] = args.max_retries
-        for dest in ("max_lines", "max_bytes"):  # the clients' packing (their defaults else)
-            if getattr(args, dest, None) is not None:
-                options[dest] = getattr(args, dest)
-        return options
-    if name in ("remote", "batch-api"):
-        if not args.base_url:
-            raise ConfigurationError(f"--provider {name} needs --base-url")
-        flavor = getattr(args, "flavor", None) if name == "batch-api" else None
-        key = args.upstream_api_key or os.environ.get(_key_variable(flavor, args.base_url))
-        options = {"base_url": args.base_url, "api_key": key}
-        options["timeout"] = args.timeout
-        if args.max_retries is not None:
-            options["max_retries"] = args.max_retries
-        if name == "batch-api":
-            options.update(
-                poll_interval=args.poll_interval,
-                max_lines=args.max_lines,
-                max_bytes=args.max_bytes,
-                completion_window=args.completion_window,
-                flavor=flavor,
-            )
-        elif args.max_concurrency:
-            options["max_concurrency"] = args.max_concurrency
-        return options
-    options = {"model": args.model}
-    if args.max_concurrency:
-        options["max_concurrency"] = args.max_concurrency
-    if name == "ray":
-        options.update(
-            replicas=args.replicas,
-            address=args.ray_address,
-            resources_per_replica=_key_values(args.replica_resource, "--replica-resource"),
-            cores_per_replica=args.cores_per_replica,
-        )
-    else:
-        options["verbose"] = getattr(args, "verbose", False)
-    engine_args = _key_values(args.engine_arg, "--engine-arg")
-    taken = sorted(set(engine_args) & set(options))
-    if taken:
-        raise ConfigurationError(
-            f"--engine-arg {', '.join(taken)}: give these with their own flags"
-        )
-    return {**options, **engine_args}
-
-
-def _key_variable(flavor: str | None, base_url: str) -> str:
-    """The environment variable holding the key for a flavour (named, or read from the URL):
-    an OpenAI key is never sent to another provider's host."""
-    name = flavor_of(flavor, base_url or "").name
-    return f"{name.upper()}_API_KEY"
-
-
-def make_provider(args: argparse.Namespace) -> Provider:
-    """The provider the options of :func:`add_provider_arguments` describe (not started), from
-    the provider registry. Raises ``ConfigurationError`` for options that do not fit
-    together."""
-    return registry.make_provider(args.provider, **provider_options(args))
-
-
-def _key_values(items: list[str], flag: str) -> dict[str, Any]:
-    """``KEY=VALUE`` options as a dict, each value parsed as JSON when it is JSON."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigurationError(f"{flag} {item!r} is not KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def make_client(args: argparse.Namespace) -> BatchClient:
-    """The client ``run`` uses: the registry's client of ``--provider`` with the
-    ``--state-dir`` and ``--cache`` (``batch-api``: :class:`~batchclient.BatchAPIBatchInference`,
-    which runs whole jobs)."""
-    return registry.make_client(
-        args.provider,
-        state_dir=getattr(args, "state_dir", None),
-        cache=getattr(args, "cache", False),
-        **provider_options(args),
-    )
+    """The client ``run`` uses: the registry's client of ``--provider`` with ``--state-dir``,
+    ``--cache`` and, for a provider that takes it, ``--completion-window`` when given."""
+    extra = {}
+    window = args.completion_window
+    if window is not None and "completion_window" in registry.entry_of(args.provider).option_names:
+        extra["completion_window"] = window
+    return make_registry_client(args, **extra)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -477,7 +257,7 @@ async def _run(
                 await client.batches.create(
                     record.id,
                     endpoint=endpoint,
-                    completion_window=args.completion_window,
+                    completion_window=args.completion_window or COMPLETION_WINDOW,
                     metadata={RUN_KEY: key},
                     reuse_results_from=reuse,
                 )

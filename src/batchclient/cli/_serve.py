@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from ..errors import ConfigurationError
-from ._run import add_provider_arguments, make_provider
+from ._providers import add_provider_arguments, make_provider
 
 # the server's limits, without importing the server extra (FastAPI) for --help
 DEFAULT_HEADER_TIMEOUT = 10.0

@@ -31,6 +31,7 @@ from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.tokens import Tokenizer
 from .._cpu import affinity
+from .._options import document, split
 from .._routing.adaptive import AdaptiveSettings
 from .._routing.dispatch import Dispatcher, EndpointUnavailable, Replica
 from .._routing.rates import RateBuckets
@@ -44,6 +45,7 @@ from ..errors import (
 from ..models import BUNDLED_MODEL_NAME
 from ..types import Endpoint
 from . import _cores
+from ._options import RayOptions
 from ._tokenizer import ReplicaTokenizer
 
 __all__ = ["RayBatchInference", "RayProvider"]
@@ -96,45 +98,32 @@ class AttachedReplicas:
 
 class RayProvider(Provider):
     """Inline engines on Ray as a :class:`~batchclient.Provider`. Arguments as
-    :class:`RayBatchInference`, without ``state_dir``."""
+    :class:`RayBatchInference`, without ``state_dir`` and ``cache``; the resolved options are
+    ``options``, the engine arguments ``engine_args``."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        replicas: int = 1,
-        address: str | None = None,
-        resources_per_replica: Mapping[str, Any] | None = None,
-        max_concurrency: int = 1024,
-        max_restarts: int = 3,
-        cores_per_replica: int | None = None,
-        restart_wait_s: float = 600.0,
-        tool_call_parser: str | None = None,
-        single_token_scoring: bool = True,
-        prefix_affinity: bool = True,
-        runtime_env: Mapping[str, Any] | None = None,
-        **engine_args: Any,
-    ) -> None:
-        if replicas < 1:
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        self.options, engine_args = split(RayOptions, options, who="the ray provider")
+        o = self.options
+        if o["replicas"] < 1:
             raise ConfigurationError("replicas must be >= 1")
-        if max_concurrency < 1:
+        if o["max_concurrency"] < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
-        if max_restarts < -1:
+        if o["max_restarts"] < -1:
             raise ConfigurationError("max_restarts must be >= -1 (-1: without limit)")
-        if cores_per_replica is not None and cores_per_replica < 1:
+        if o["cores_per_replica"] is not None and o["cores_per_replica"] < 1:
             raise ConfigurationError("cores_per_replica must be >= 1")
         self.model = model
-        self.replicas = replicas
-        self.address = address
-        self.resources_per_replica = dict(resources_per_replica or {})
-        self.max_concurrency = max_concurrency
-        self.max_restarts = max_restarts
-        self.cores_per_replica = cores_per_replica
-        self.restart_wait_s = restart_wait_s
-        self.tool_call_parser = tool_call_parser
-        self.single_token_scoring = single_token_scoring
-        self.prefix_affinity = prefix_affinity
-        self.runtime_env = dict(runtime_env or {})
+        self.replicas = o["replicas"]
+        self.address = o["address"]
+        self.resources_per_replica = dict(o["resources_per_replica"] or {})
+        self.max_concurrency = o["max_concurrency"]
+        self.max_restarts = o["max_restarts"]
+        self.cores_per_replica = o["cores_per_replica"]
+        self.restart_wait_s = o["restart_wait_s"]
+        self.tool_call_parser = o["tool_call_parser"]
+        self.single_token_scoring = o["single_token_scoring"]
+        self.prefix_affinity = o["prefix_affinity"]
+        self.runtime_env = dict(o["runtime_env"] or {})
         self.engine_args = dict(engine_args)
         # as the inline provider: what the engine arguments say until the replicas report
         self.endpoints = _POOLING if engine_args.get("runner") == "pooling" else _GENERATE
@@ -515,6 +504,7 @@ def _start_error(exc: BaseException) -> BaseException:
     return EndpointError(f"a Ray replica failed to start: {type(exc).__name__}: {exc}")
 
 
+@document(RayOptions)
 class RayBatchInference(BatchClient):
     """Batch inference on ``replicas`` vLLM engines, each in its own Ray actor. Use as
     ``async with``.
@@ -526,32 +516,10 @@ class RayBatchInference(BatchClient):
     convert="embed"``. It dispatches each request to the least-loaded replica, ejects a replica
     whose actor dies and sends its unfinished requests to the others.
 
-    Args:
+    Args (every one after ``model`` keyword-only; the options below are :class:`RayOptions`,
+    the provider's; any other keyword is an engine argument):
         model: as ``VLLMBatchInference`` (None: the bundled SmolLM2-135M-Instruct). On a
             cluster, a path must exist on every node (or use a hub id).
-        replicas: how many engines (Ray actors), default 1.
-        address: None (default) joins the Ray this process already initialised, else starts a
-            local one for this client (no dashboard; shut down on exit); ``"auto"`` or
-            ``"ray://host:10001"`` connects to an existing cluster.
-        resources_per_replica: Ray resources of each actor: ``num_cpus`` (default 1),
-            ``num_gpus`` (default: tensor x pipeline parallel size when the cluster has GPUs,
-            else none), ``memory`` (bytes), ``accelerator_type``, or custom resources.
-        max_concurrency: requests in flight per replica (default 1024; the engine batches up to
-            its ``max_num_seqs`` of them).
-        max_restarts: how often Ray may restart a replica's actor after it dies (default 3; -1
-            without limit); a restarted replica builds a new engine and is taken back.
-        cores_per_replica: CPU builds: how many cores each replica's engine binds, each replica
-            its own (default: on a one-node Ray, this machine's cores divided among the
-            replicas; on a cluster, ``num_cpus``). Ignored when ``VLLM_CPU_OMP_THREADS_BIND``
-            is set.
-        restart_wait_s: how long requests wait for a restarting replica when every replica is
-            down (default 600 s), after which they fail with ``endpoint_unavailable``.
-        tool_call_parser: as ``VLLMBatchInference``.
-        single_token_scoring: as ``VLLMBatchInference`` (default True).
-        prefix_affinity: send requests that share a prefix to the replica that prefix ranks
-            first while it has room (default True; as ``RemoteBatchInference``). False: every
-            request goes to the least-loaded replica.
-        runtime_env: a Ray runtime environment for the actors (``env_vars``, ``pip``, ...).
         state_dir: where files, batches and results are kept (as the other clients).
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
             see :class:`~batchclient.BatchClient`).
@@ -559,7 +527,8 @@ class RayBatchInference(BatchClient):
             (e.g. ``tensor_parallel_size=2`` shards each replica over 2 GPUs).
 
     Raises (on entering ``async with``):
-        ConfigurationError: Ray or vLLM is not installed, or a bad argument.
+        ConfigurationError: Ray or vLLM is not installed, or a bad argument (an option of the
+            wrong type: at once).
         EndpointError: a replica failed to start (the message holds the reason).
     """
 
@@ -569,34 +538,9 @@ class RayBatchInference(BatchClient):
         self,
         model: str | None = None,
         *,
-        replicas: int = 1,
-        address: str | None = None,
-        resources_per_replica: Mapping[str, Any] | None = None,
-        max_concurrency: int = 1024,
-        max_restarts: int = 3,
-        cores_per_replica: int | None = None,
-        restart_wait_s: float = 600.0,
-        tool_call_parser: str | None = None,
-        single_token_scoring: bool = True,
-        prefix_affinity: bool = True,
-        runtime_env: Mapping[str, Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
-        **engine_args: Any,
+        **options: Any,
     ) -> None:
-        provider = RayProvider(
-            model,
-            replicas=replicas,
-            address=address,
-            resources_per_replica=resources_per_replica,
-            max_concurrency=max_concurrency,
-            max_restarts=max_restarts,
-            cores_per_replica=cores_per_replica,
-            restart_wait_s=restart_wait_s,
-            tool_call_parser=tool_call_parser,
-            single_token_scoring=single_token_scoring,
-            prefix_affinity=prefix_affinity,
-            runtime_env=runtime_env,
-            **engine_args,
-        )
+        provider = RayProvider(model, **options)
         super().__init__(provider, state_dir=state_dir, cache=cache)

@@ -16,7 +16,6 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import HFTokenizer, Tokenizer
 from .._engine_defaults import EngineDefaults, decide
 from .._logs import is_verbose, vllm_logging
+from .._options import document, split
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import (
     BatchClientError,
@@ -41,6 +41,7 @@ from ..models import BUNDLED_MAX_MODEL_LEN, BUNDLED_MODEL_NAME, resolve_model
 from ..types import Endpoint
 from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body, resolve_max_tokens
 from ._next_tokens import NextTokenGroups
+from ._options import VLLMOptions
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -70,6 +71,7 @@ _INSTALL_HINT = (
 )
 
 
+@document(VLLMOptions)
 class VLLMBatchInference(BatchClient):
     """Batch inference on a vLLM engine in this process. Use as ``async with``.
 
@@ -78,34 +80,12 @@ class VLLMBatchInference(BatchClient):
     engine process has exited. Scripts need an ``if __name__ == "__main__":`` guard because vLLM
     spawns its engine process.
 
-    Args:
+    Args (every one after ``model`` keyword-only; the options below are :class:`VLLMOptions`,
+    the provider's; any other keyword is an engine argument):
         model: a model directory or Hugging Face hub id; None (default) is the bundled
             SmolLM2-135M-Instruct, served as ``smollm2``.
-        max_concurrency: requests handed to the engine at once, shared by all calls on this
-            client (default 1024). The engine batches them (up to its ``max_num_seqs``) and
-            queues the rest; the window keeps a 100k-conversation call from building 100k
-            engine requests at once. Below ``max_num_seqs`` it limits the batch size.
-        tool_call_parser: the vLLM tool parser that reads calls from answers of a model whose
-            chat template renders tools itself (the names of vLLM's ``--tool-call-parser``:
-            ``hermes``, ``llama3_json``, ``pythonic``, ...). None (default): tools are written
-            into the system prompt in the call's ``tool_prompt_format`` (default ``json``) and
-            calls are read back by batchclient, which works for any model, including the
-            bundled one (whose template has no tool support). See ``docs/structured.md``.
-        cpu_cores: on a CPU build of vLLM, the cores the engine's compute threads are bound to
-            (default None: every core of this process's CPU affinity). Ignored when the
-            ``VLLM_CPU_OMP_THREADS_BIND`` environment variable is set (vLLM's own knob: ``auto``
-            for vLLM's default, ``nobind``, or a core list). See ``docs/inline.md`` (Speed).
-        single_token_scoring: score a log-likelihood request whose continuation is one token
-            with a generation request over the context (``max_tokens`` 1, greedy, vLLM's
-            ``logprob_token_ids``), which reads the prefix cache, instead of asking for the
-            prompt's log-probabilities, which makes vLLM prefill the whole prompt (default
-            True; the same scores, bit for bit in float32: ``docs/evals.md``, Shared
-            prefixes). False: every continuation the ``prompt_logprobs`` way.
         state_dir: where files, jobs and results are kept (default ``$BATCHCLIENT_STATE_DIR``
             or the user data directory); jobs there resume with a client on the same model.
-        verbose: show everything vLLM prints (about 66 INFO lines per engine start); by
-            default only its warnings and errors. ``BATCHCLIENT_VERBOSE=1`` in the environment
-            does the same as True; a ``VLLM_LOGGING_LEVEL`` set there always wins.
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
             see :class:`~batchclient.BatchClient`).
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
@@ -132,7 +112,7 @@ class VLLMBatchInference(BatchClient):
 
     Raises (on entering ``async with``):
         ConfigurationError: vLLM is not installed, an unknown engine argument, or an unknown
-            ``tool_call_parser``.
+            ``tool_call_parser`` (an option of the wrong type: at once).
         EndpointError: the engine failed to start (the message holds vLLM's reason).
     """
 
@@ -142,43 +122,23 @@ class VLLMBatchInference(BatchClient):
         self,
         model: str | None = None,
         *,
-        max_concurrency: int = 1024,
-        tool_call_parser: str | None = None,
-        cpu_cores: Sequence[int] | None = None,
-        single_token_scoring: bool = True,
         state_dir: str | os.PathLike[str] | None = None,
-        verbose: bool = False,
         cache: bool = False,
-        **engine_args: Any,
+        **options: Any,
     ) -> None:
-        provider = VLLMProvider(
-            model,
-            max_concurrency=max_concurrency,
-            tool_call_parser=tool_call_parser,
-            verbose=verbose,
-            cpu_cores=cpu_cores,
-            single_token_scoring=single_token_scoring,
-            **engine_args,
-        )
+        provider = VLLMProvider(model, **options)
         super().__init__(provider, state_dir=state_dir, cache=cache)
 
 
 class VLLMProvider(Provider):
     """The inline engine as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
-    and other providers). Arguments as :class:`VLLMBatchInference`, without ``state_dir``;
+    and other providers). Arguments as :class:`VLLMBatchInference`, without ``state_dir`` and
+    ``cache``; the resolved options are ``options``, the engine arguments ``engine_args``.
     ``start`` builds the engine, ``stop`` shuts it down."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        max_concurrency: int = 1024,
-        tool_call_parser: str | None = None,
-        verbose: bool = False,
-        cpu_cores: Sequence[int] | None = None,
-        single_token_scoring: bool = True,
-        **engine_args: Any,
-    ) -> None:
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        self.options, engine_args = split(VLLMOptions, options, who="the vllm provider")
+        max_concurrency, cpu_cores = self.options["max_concurrency"], self.options["cpu_cores"]
         if max_concurrency < 1:
             raise ConfigurationError("max_concurrency must be >= 1")
         if cpu_cores is not None and not cpu_cores:
@@ -186,9 +146,9 @@ class VLLMProvider(Provider):
         self.model = model
         self.cpu_cores = None if cpu_cores is None else sorted(set(cpu_cores))
         self.max_concurrency = max_concurrency
-        self.tool_call_parser = tool_call_parser
-        self.verbose = verbose
-        self.single_token_scoring = single_token_scoring
+        self.tool_call_parser = self.options["tool_call_parser"]
+        self.verbose = self.options["verbose"]
+        self.single_token_scoring = self.options["single_token_scoring"]
         self._parser_class: type | None = None
         self.engine_args = dict(engine_args)
         self.endpoints = _POOLING if engine_args.get("runner") == "pooling" else _GENERATE

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Unpack
 
 import anyio
@@ -30,6 +30,7 @@ from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import Tokenizer
+from .._options import document, resolve
 from .._routing.dispatch import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
 from .._routing.quota import announces_quota
 from .._routing.retry import (
@@ -40,15 +41,13 @@ from .._routing.retry import (
     RetryWait,
     retry_after_of,
 )
-from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy
 from .._tools import ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..types import Endpoint
 from ._embed_groups import EmbeddingGroups
 from ._identity import public_url, served_model_facts
 from ._options import RemoteOptions
-from ._settings import HttpOptions, Timeouts
-from ._setup import RemoteEndpoint, Verify, build_dispatcher, check_settings
+from ._setup import RemoteEndpoint, build_dispatcher, check_settings
 from ._structured import VllmProbe
 from ._tokenize import find_tokenizer
 from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
@@ -62,22 +61,18 @@ _THREAD_PARSE_BYTES = 4 << 20
 
 _PATHS = {endpoint: endpoint.path for endpoint in Endpoint}  # looked up once per request
 
-EMBEDDING_GROUP_SIZE = 16
-"""Default one-input embedding requests sent as one ``/v1/embeddings`` request
-(``embedding_group_size``; ``docs/remote.md``, "Embeddings in groups")."""
-
-
 BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
 """One API root (``.../v1``), or a list of replicas serving the same models."""
 
 
+@document(RemoteOptions)
 class RemoteBatchInference(BatchClient):
-    """Batch inference against OpenAI-compatible endpoints (``/v1/chat/completions``,
+    """Batch inference against OpenAI-compatible servers (``/v1/chat/completions``,
     ``/v1/completions``, ``/v1/embeddings``: vLLM servers, OpenAI, llama.cpp servers, ...). Use
     as ``async with``.
 
-    Args (every one after ``api_key`` keyword-only; the options other than ``state_dir`` and
-    ``cache`` are :class:`RemoteOptions`, the provider's):
+    Args (every one after ``base_url`` keyword-only; the options below are
+    :class:`RemoteOptions`, the provider's):
         base_url: the API root (e.g. ``http://127.0.0.1:8000/v1``), or a list of replicas
             serving the same models (URLs or :class:`RemoteEndpoint`); each request goes to the
             least-loaded healthy one. A query string in it (Azure OpenAI's
@@ -85,50 +80,6 @@ class RemoteBatchInference(BatchClient):
             and is never stored or shown.
         api_key: sent as ``Authorization: Bearer <api_key>`` (surrounding whitespace
             stripped); None sends no header.
-        max_concurrency: the most requests in flight per endpoint and model (default 64).
-        max_retries: retries after the first attempt for transient failures (connection
-            errors, timeouts, 408/409/429/5xx; default 4). 400/401/403/404/422 are never retried.
-        timeout: seconds one attempt may take, counted from when it is sent (never from when it
-            was queued); default 600.
-        rpm, tpm: requests / tokens per minute per endpoint (default None: no limit); shared by
-            every call and batch on this client. Token costs are estimated before sending and
-            settled with the real ``usage``. Quotas a server announces in ``x-ratelimit-*``
-            headers are followed without them.
-        headers: extra HTTP headers for every request (checked: a CR/LF or non-latin-1 value is
-            a ``ConfigurationError`` naming the header).
-        default_query: query parameters added to every request (e.g.
-            ``{"api-version": "2024-10-21"}``); they override the base URL's own.
-        proxy: an ``http://`` or ``https://`` proxy for every endpoint (``user:password@`` in it
-            is sent as ``Proxy-Authorization``). Default None: with ``trust_env``, the
-            environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY``, honouring
-            ``NO_PROXY``.
-        trust_env: read proxies from the environment (default True).
-        verify: TLS certificate verification for ``https://``: True (the system's CAs, default),
-            a CA bundle file or directory (e.g. a private CA's ``ca.pem``), an
-            ``ssl.SSLContext``, or False (no verification: only for testing).
-        adaptive: an :class:`AdaptiveConcurrency` (True, the default: its defaults) to adapt the
-            in-flight limit to throttling; False for a fixed limit of ``max_concurrency``.
-        retry: backoff and ``Retry-After`` handling (:class:`RetryPolicy`).
-        rate_limits: the period of ``rpm``/``tpm`` and the initial output estimate
-            (:class:`RateLimits`).
-        ejection: when a failing replica is taken out, and for how long (:class:`Ejection`).
-        timeouts: connect and model-listing timeouts (:class:`Timeouts`).
-        http: client certificate, answer size cap, keep-alive expiry (:class:`HttpOptions`).
-        check_model: ask ``GET /models`` once per model and raise ``ModelNotFoundError`` for a
-            model the endpoint does not list (skipped if the endpoint cannot list models).
-        embedding_group_size: how many one-input ``/v1/embeddings`` requests in flight together
-            (same model and parameters) are sent as one request with a list ``input`` (default
-            16; 1 sends each alone). Each input keeps its own result, error and cache entry; a
-            group the server refuses with 400/413/422 is split until only the refused input
-            fails (``docs/remote.md``, "Embeddings in groups").
-        prefix_affinity: with several endpoints, send requests that share a prefix (a scoring
-            context, a chat's leading messages) to the replica that prefix ranks first while
-            it has room (default True; ``docs/scale-out.md``, "Prefix affinity"). False: every
-            request goes to the least-loaded replica.
-        tokenizer: a local folder with the model's tokenizer files, for the scoring calls on
-            text (``batch_loglikelihood``, ``batch_loglikelihood_rolling``); needs
-            ``transformers``. None (default): the server's ``/tokenize`` route (vLLM), and a
-            ``ConfigurationError`` at the call when the server has none.
         state_dir: where files, batches and results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory; created 0700); batches there
             resume with a client on the same ``base_url``.
@@ -137,7 +88,8 @@ class RemoteBatchInference(BatchClient):
 
     Raises:
         ConfigurationError: a bad argument (e.g. ``AdaptiveConcurrency(minimum=...)`` above
-            ``max_concurrency``, a header with a CR/LF, a SOCKS proxy, a missing CA file).
+            ``max_concurrency``, a header with a CR/LF, a SOCKS proxy, a missing CA file), or
+            an option ``RemoteOptions`` does not declare.
     """
 
     provider: RemoteProvider
@@ -145,22 +97,22 @@ class RemoteBatchInference(BatchClient):
     def __init__(
         self,
         base_url: BaseUrl,
-        api_key: str | None = None,
         *,
+        api_key: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
         **options: Unpack[RemoteOptions],
     ) -> None:
-        provider = RemoteProvider(base_url, api_key, **options)
+        provider = RemoteProvider(base_url, api_key=api_key, **options)
         super().__init__(provider, state_dir=state_dir, cache=cache)
 
     @property
     def base_url(self) -> str:
-        """The first endpoint's API root as shown (no trailing slash, userinfo or query)."""
+        """The first replica's API root as shown (no trailing slash, userinfo or query)."""
         return self.provider.base_url
 
     def endpoint_stats(self) -> list[LaneStats]:
-        """Per (endpoint, model): current concurrency limit, requests sent, successes,
+        """Per (replica, model) lane: current concurrency limit, requests sent, successes,
         throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
         learned output-token estimate."""
         return self.provider.endpoint_stats()
@@ -168,84 +120,43 @@ class RemoteBatchInference(BatchClient):
 
 class RemoteProvider(Provider):
     """The remote fan-out as a :class:`~batchclient.Provider` (for ``BatchClient``, the server
-    and other providers). Arguments as :class:`RemoteBatchInference`, without ``state_dir``."""
+    and other providers). Arguments as :class:`RemoteBatchInference`, without ``state_dir``
+    and ``cache``; the resolved options (every one, defaults filled in) are ``options``."""
 
     endpoints = frozenset(Endpoint)
 
     def __init__(
-        self,
-        base_url: BaseUrl,
-        api_key: str | None = None,
-        *,
-        max_concurrency: int = 64,
-        max_retries: int = 4,
-        timeout: float = 600.0,
-        rpm: float | None = None,
-        tpm: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        default_query: Mapping[str, str] | None = None,
-        proxy: str | None = None,
-        trust_env: bool = True,
-        verify: Verify = True,
-        adaptive: AdaptiveConcurrency | bool = True,
-        retry: RetryPolicy = RetryPolicy(),
-        rate_limits: RateLimits = RateLimits(),
-        ejection: Ejection = Ejection(),
-        timeouts: Timeouts = Timeouts(),
-        http: HttpOptions = HttpOptions(),
-        check_model: bool = True,
-        tokenizer: str | os.PathLike[str] | None = None,
-        embedding_group_size: int = EMBEDDING_GROUP_SIZE,
-        prefix_affinity: bool = True,
+        self, base_url: BaseUrl, *, api_key: str | None = None, **options: Unpack[RemoteOptions]
     ) -> None:
-        if type(embedding_group_size) is not int or embedding_group_size < 1:
-            raise ConfigurationError(
-                f"embedding_group_size must be an int >= 1, not {embedding_group_size!r}"
-            )
-        check_settings(max_concurrency, max_retries, timeout, rpm, tpm, rate_limits, ejection)
+        self.options = o = resolve(RemoteOptions, options, who="the remote provider")
+        size = o["embedding_group_size"]
+        if type(size) is not int or size < 1:
+            raise ConfigurationError(f"embedding_group_size must be an int >= 1, not {size!r}")
+        check_settings(o)
         urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
         if not urls:
-            raise ConfigurationError("base_url: give at least one endpoint")
+            raise ConfigurationError("base_url: give at least one replica")
         self.endpoints_given = [
             u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls
         ]
-        self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
-        self.timeout = timeout
-        self.adaptive = adaptive is not False
-        self.retry = retry
-        self.rate_limits = rate_limits
-        self.ejection = ejection
-        self.timeouts = timeouts
+        self.max_concurrency = o["max_concurrency"]
+        self.max_retries = o["max_retries"]
+        self.timeout_s = o["timeout_s"]
+        self.adaptive = o["adaptive"] is not False
+        self.retry = retry = o["retry"]
+        self.timeouts = o["timeouts"]
         self._wait = RetryWait(initial_s=retry.backoff_initial_s, max_s=retry.backoff_max_s)
-        self._check_models = check_model
+        self._check_models = o["check_model"]
         self._known_models: dict[str, bool] = {}
-        self._vllm_probe = VllmProbe(timeouts.list_models_s)
-        self._tokenizer_path = tokenizer
+        self._vllm_probe = VllmProbe(self.timeouts.list_models_s)
+        self._tokenizer_path = o["tokenizer"]
         self._tokenizers: dict[str, Tokenizer] = {}
-        self.embedding_group_size = embedding_group_size
-        self.prefix_affinity = prefix_affinity
-        self._embedding_groups = EmbeddingGroups(embedding_group_size, self._send_embeddings)
+        self.embedding_group_size = size
+        self.prefix_affinity = o["prefix_affinity"]
+        self._embedding_groups = EmbeddingGroups(size, self._send_embeddings)
 
         def build() -> Dispatcher:
-            return build_dispatcher(
-                self.endpoints_given,
-                api_key=api_key,
-                max_concurrency=max_concurrency,
-                rpm=rpm,
-                tpm=tpm,
-                headers=headers,
-                default_query=default_query,
-                proxy=proxy,
-                trust_env=trust_env,
-                verify=verify,
-                adaptive=adaptive,
-                rate_limits=rate_limits,
-                ejection=ejection,
-                timeouts=timeouts,
-                http=http,
-                retry_after_cap_s=retry.retry_after_cap_s,
-            )
+            return build_dispatcher(self.endpoints_given, api_key=api_key, options=o)
 
         self._build = build
         self._dispatcher = build()  # checks every setting now, before any connection
@@ -293,7 +204,7 @@ class RemoteProvider(Provider):
         return self._dispatcher.concurrency_limit()
 
     def endpoint_stats(self) -> list[LaneStats]:
-        """Per (endpoint, model): current concurrency limit, requests sent, successes,
+        """Per (replica, model) lane: current concurrency limit, requests sent, successes,
         throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
         learned output-token estimate."""
         return self._dispatcher.stats()
@@ -488,10 +399,10 @@ class RemoteProvider(Provider):
             sent_at = time.monotonic()
             token = lane.sending(sent_at)
             try:
-                resp = await ep.pool.request("POST", path, data, timeout=self.timeout)
+                resp = await ep.pool.request("POST", path, data, timeout=self.timeout_s)
             except HttpTimeout:
                 dispatcher.on_failure(lane, "timeout", connection=False)
-                msg = f"no answer within {self.timeout:g} s of sending"
+                msg = f"no answer within {self.timeout_s:g} s of sending"
                 raise RetryableFailure(failed(ErrorCode.timeout, msg), endpoint=ep) from None
             except HttpError as exc:
                 dispatcher.on_failure(lane, str(exc), connection=True)

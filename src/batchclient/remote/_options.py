@@ -1,46 +1,168 @@
 """``RemoteOptions``: the keyword options of :class:`RemoteProvider`, declared once.
 
-``RemoteBatchInference`` takes them as ``**options: Unpack[RemoteOptions]`` and hands them to
-the provider, and the provider registry (``batchclient run --provider remote``, ``serve``, the
-lm-eval model) passes them by name, so a new option is added in two places: here and in
-``RemoteProvider.__init__`` (``tests/test_options.py`` checks the two agree). What each option
-does is documented on :class:`~batchclient.RemoteBatchInference`.
+Each entry's ``Option`` holds its default and its help: ``RemoteProvider`` resolves what it is
+given against them, ``RemoteBatchInference`` takes them as ``**options: Unpack[RemoteOptions]``
+and lists them in its docstring, and the CLI derives its flags from them
+(:mod:`batchclient._options`). A new option is added here and read in ``RemoteProvider``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import Annotated, TypedDict
 
-from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits, RetryPolicy
-from ._settings import HttpOptions, Timeouts
-from ._setup import Verify
+from .._options import Option
+from .._routing.settings import (
+    PREFIX_AFFINITY,
+    AdaptiveConcurrency,
+    Ejection,
+    RateLimits,
+    RetryPolicy,
+)
+from ._settings import HttpOptions, Timeouts, Verify
 
-__all__ = ["RemoteOptions"]
+__all__ = ["EMBEDDING_GROUP_SIZE", "RemoteOptions"]
+
+EMBEDDING_GROUP_SIZE = 16
+"""Default one-input embedding requests sent as one ``/v1/embeddings`` request
+(``embedding_group_size``; ``docs/remote.md``, "Embeddings in groups")."""
 
 
 class RemoteOptions(TypedDict, total=False):
-    """The keyword options of ``RemoteProvider`` (every one optional; the defaults are the
-    provider's)."""
+    """The keyword options of ``RemoteProvider`` and ``RemoteBatchInference`` (every one
+    optional)."""
 
-    max_concurrency: int
-    max_retries: int
-    timeout: float
-    rpm: float | None
-    tpm: float | None
-    headers: Mapping[str, str] | None
-    default_query: Mapping[str, str] | None
-    proxy: str | None
-    trust_env: bool
-    verify: Verify
-    adaptive: AdaptiveConcurrency | bool
-    retry: RetryPolicy
-    rate_limits: RateLimits
-    ejection: Ejection
-    timeouts: Timeouts
-    http: HttpOptions
-    check_model: bool
-    tokenizer: str | os.PathLike[str] | None
-    embedding_group_size: int
-    prefix_affinity: bool
+    max_concurrency: Annotated[
+        int, Option(64, "Most requests in flight per replica and model (requests).")
+    ]
+    max_retries: Annotated[
+        int,
+        Option(
+            4,
+            "Retries of one request after its first attempt, for transient failures (connection "
+            "errors, timeouts, 408/409/429/5xx); 400/401/403/404/422 are never retried.",
+        ),
+    ]
+    timeout_s: Annotated[
+        float,
+        Option(
+            600.0,
+            "Seconds one attempt may take, counted from when it is sent (never from when it was "
+            "queued).",
+        ),
+    ]
+    rpm: Annotated[
+        float | None,
+        Option(
+            None,
+            "Requests per minute per replica (None: no limit), shared by every call and batch "
+            "of the client. Quotas a server announces in x-ratelimit-* headers are followed "
+            "without it.",
+        ),
+    ]
+    tpm: Annotated[
+        float | None,
+        Option(
+            None,
+            "Tokens per minute per replica (None: no limit): estimated before sending, settled "
+            "with the answer's usage.",
+        ),
+    ]
+    headers: Annotated[
+        Mapping[str, str] | None,
+        Option(
+            None,
+            "Extra HTTP headers for every request (a CR/LF or non-latin-1 value is a "
+            "ConfigurationError naming the header).",
+        ),
+    ]
+    default_query: Annotated[
+        Mapping[str, str] | None,
+        Option(
+            None,
+            "Query parameters added to every request (e.g. api-version=2024-10-21); they "
+            "override the base URL's own.",
+        ),
+    ]
+    proxy: Annotated[
+        str | None,
+        Option(
+            None,
+            "An http:// or https:// proxy for every replica (user:password@ in it is sent as "
+            "Proxy-Authorization). None: with trust_env, the environment's HTTPS_PROXY / "
+            "HTTP_PROXY / ALL_PROXY, honouring NO_PROXY.",
+            metavar="URL",
+        ),
+    ]
+    trust_env: Annotated[bool, Option(True, "Read proxies from the environment.")]
+    verify: Annotated[
+        Verify,
+        Option(
+            True,
+            "TLS certificate verification for https://: True (the system's CAs), a CA bundle "
+            "file or directory (a private CA's ca.pem), an ssl.SSLContext, or False (no "
+            "verification: only for testing).",
+        ),
+    ]
+    adaptive: Annotated[
+        AdaptiveConcurrency | bool,
+        Option(
+            True,
+            "An AdaptiveConcurrency (True: its defaults) that adapts the in-flight limit to "
+            "throttling; False for a fixed limit of max_concurrency.",
+        ),
+    ]
+    retry: Annotated[
+        RetryPolicy, Option(RetryPolicy(), "Backoff and Retry-After handling (RetryPolicy).")
+    ]
+    rate_limits: Annotated[
+        RateLimits,
+        Option(
+            RateLimits(),
+            "The period of rpm and tpm and the initial output estimate (RateLimits).",
+        ),
+    ]
+    ejection: Annotated[
+        Ejection,
+        Option(Ejection(), "When a failing replica is taken out, and for how long (Ejection)."),
+    ]
+    timeouts: Annotated[
+        Timeouts, Option(Timeouts(), "Connect and model-listing timeouts (Timeouts).")
+    ]
+    http: Annotated[
+        HttpOptions,
+        Option(
+            HttpOptions(),
+            "Client certificate, answer size cap, keep-alive expiry (HttpOptions).",
+        ),
+    ]
+    check_model: Annotated[
+        bool,
+        Option(
+            True,
+            "Ask GET /models once per model and raise ModelNotFoundError for a model the "
+            "replicas do not list (skipped where they cannot list models).",
+        ),
+    ]
+    tokenizer: Annotated[
+        str | os.PathLike[str] | None,
+        Option(
+            None,
+            "A local folder with the model's tokenizer files, for the scoring calls on text "
+            "(batch_loglikelihood, batch_loglikelihood_rolling; needs transformers). None: the "
+            "server's /tokenize route (vLLM), and a ConfigurationError at the call when the "
+            "server has none.",
+        ),
+    ]
+    embedding_group_size: Annotated[
+        int,
+        Option(
+            EMBEDDING_GROUP_SIZE,
+            "How many one-input /v1/embeddings requests in flight together (same model and "
+            "parameters) are sent as one request with a list input (1: each alone). Each input "
+            "keeps its own result, error and cache entry; a group the server refuses with "
+            "400/413/422 is split until only the refused input fails.",
+        ),
+    ]
+    prefix_affinity: Annotated[bool, PREFIX_AFFINITY]

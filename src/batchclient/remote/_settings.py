@@ -1,21 +1,23 @@
 """The remote provider's HTTP settings objects, with every default in one place.
 
-The everyday knobs (``max_concurrency``, ``max_retries``, ``timeout``, ``rpm``, ``tpm``,
-``api_key``, ``headers``, ``default_query``, ``proxy``, ``verify``, ``state_dir``) are plain
-keyword arguments of ``RemoteBatchInference``; these group the rest, with the router's and the
+The everyday knobs (``max_concurrency``, ``max_retries``, ``timeout_s``, ``rpm``, ``tpm``,
+``headers``, ``default_query``, ``proxy``, ``verify``: ``RemoteOptions``) are plain keyword
+arguments of ``RemoteBatchInference``; these group the rest, with the router's and the
 retries' policies in ``batchclient._routing.settings``. ``docs/remote.md`` explains each.
 """
 
 from __future__ import annotations
 
+import os
+import ssl
 from dataclasses import dataclass
 
-__all__ = ["HttpOptions", "Timeouts"]
+__all__ = ["HttpOptions", "Timeouts", "Verify"]
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Timeouts other than the per-attempt ``timeout``: ``connect_s`` to open a connection
+    """Timeouts other than the per-attempt ``timeout_s``: ``connect_s`` to open a connection
     (also bounded by the attempt's own timeout), ``list_models_s`` for ``GET /models``
     (seconds)."""
 
@@ -39,3 +41,8 @@ class HttpOptions:
     client_key_password: str | None = None
     max_response_bytes: int = 64 << 20
     keepalive_expiry_s: float = 10.0
+
+
+Verify = bool | str | os.PathLike[str] | ssl.SSLContext
+"""TLS verification: True (system CAs), a CA bundle file or directory, an ``SSLContext``, or
+False."""

@@ -4,19 +4,19 @@ per endpoint, and the dispatcher over them."""
 
 from __future__ import annotations
 
-import os
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._routing.adaptive import AdaptiveSettings
 from .._routing.dispatch import Dispatcher, Replica
 from .._routing.rates import RateBuckets
-from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits
+from .._routing.settings import AdaptiveConcurrency
 from .._version import __version__
 from ..errors import ConfigurationError
-from ._settings import HttpOptions, Timeouts
+from ._options import RemoteOptions
+from ._settings import HttpOptions, Verify
 from ._transport import Transport
 from ._urls import (
     Redactor,
@@ -52,29 +52,23 @@ class RemoteEndpoint:
     tpm: float | None = None
 
 
-Verify = bool | str | os.PathLike[str] | ssl.SSLContext
-"""True (system CAs), a CA bundle file or directory, an ``SSLContext``, or False."""
-
-
-def check_settings(
-    max_concurrency: int,
-    max_retries: int,
-    timeout: float,
-    rpm: float | None,
-    tpm: float | None,
-    rate_limits: RateLimits,
-    ejection: Ejection,
-) -> None:
-    """Raise ``ConfigurationError`` for a limit out of range."""
-    if max_concurrency < 1:
+def check_settings(options: RemoteOptions) -> None:
+    """Raise ``ConfigurationError`` for a limit out of range (``options`` resolved)."""
+    if options["max_concurrency"] < 1:
         raise ConfigurationError("max_concurrency must be >= 1")
-    if max_retries < 0:
+    if options["max_retries"] < 0:
         raise ConfigurationError("max_retries must be >= 0")
-    if timeout <= 0:
-        raise ConfigurationError("timeout must be > 0 seconds")
+    if options["timeout_s"] <= 0:
+        raise ConfigurationError("timeout_s must be > 0 seconds")
+    ejection = options["ejection"]
     if ejection.after < 1 or ejection.duration_s < 0:
         raise ConfigurationError("Ejection needs after >= 1 and duration_s >= 0")
-    for name, value in (("rpm", rpm), ("tpm", tpm), ("period_s", rate_limits.period_s)):
+    limits = (
+        ("rpm", options["rpm"]),
+        ("tpm", options["tpm"]),
+        ("period_s", options["rate_limits"].period_s),
+    )
+    for name, value in limits:
         if value is not None and value <= 0:
             raise ConfigurationError(f"{name} must be > 0")
 
@@ -119,37 +113,24 @@ def tls_settings(verify: Verify, http: HttpOptions) -> ssl.SSLContext | bool:
 
 
 def build_dispatcher(
-    endpoints: Sequence[RemoteEndpoint],
-    *,
-    api_key: str | None,
-    max_concurrency: int,
-    rpm: float | None,
-    tpm: float | None,
-    headers: Mapping[str, str] | None,
-    default_query: Mapping[str, str] | None,
-    proxy: str | None,
-    trust_env: bool,
-    verify: Verify,
-    adaptive: AdaptiveConcurrency | bool,
-    rate_limits: RateLimits,
-    ejection: Ejection,
-    timeouts: Timeouts,
-    http: HttpOptions,
-    retry_after_cap_s: float,
+    endpoints: Sequence[RemoteEndpoint], *, api_key: str | None, options: RemoteOptions
 ) -> Dispatcher:
-    """Every endpoint's transport, buckets and limits. Raises ``ConfigurationError`` for any
-    bad argument (the URL shown without its userinfo; a header named, never its value)."""
+    """Every endpoint's transport, buckets and limits, from the resolved ``options``. Raises
+    ``ConfigurationError`` for any bad argument (the URL shown without its userinfo; a header
+    named, never its value)."""
+    http, timeouts, rate_limits = options["http"], options["timeouts"], options["rate_limits"]
+    adaptive, max_concurrency = options["adaptive"], options["max_concurrency"]
     if http.max_response_bytes < 1 or http.keepalive_expiry_s < 0:
         raise ConfigurationError("HttpOptions needs max_response_bytes >= 1, keepalive >= 0")
     key = clean_api_key(api_key)
-    extra = check_headers(headers)
-    tls = tls_settings(verify, http)
+    extra = check_headers(options["headers"])
+    tls = tls_settings(options["verify"], http)
     settings_of = (
         AdaptiveConcurrency() if not isinstance(adaptive, AdaptiveConcurrency) else adaptive
     )
     built = []
     for spec in endpoints:
-        address = parse_address(spec.url, default_query)
+        address = parse_address(spec.url, options["default_query"])
         fixed = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **extra}
         if address.basic_auth is not None:
             if key is not None:
@@ -160,7 +141,7 @@ def build_dispatcher(
             fixed["Authorization"] = address.basic_auth
         elif key is not None:
             fixed["Authorization"] = f"Bearer {key}"
-        proxy_url = resolve_proxy(address.url(""), proxy, trust_env)
+        proxy_url = resolve_proxy(address.url(""), options["proxy"], options["trust_env"])
         proxy_auth = proxy_authorization(proxy_url)
         if proxy_auth is not None and address.origin.startswith("http://"):
             # a plain-HTTP request is sent to the proxy itself (no CONNECT): the header rides on
@@ -199,12 +180,13 @@ def build_dispatcher(
             max_response_bytes=http.max_response_bytes,
         )
         rates = RateBuckets(
-            spec.rpm or rpm,
-            spec.tpm or tpm,
+            spec.rpm or options["rpm"],
+            spec.tpm or options["tpm"],
             period_s=rate_limits.period_s,
             initial_output_tokens=rate_limits.initial_output_tokens,
         )
         replica = Replica(address.display, transport, rates, limits, adaptive is not False)
-        replica.quota.max_hold_s = retry_after_cap_s
+        replica.quota.max_hold_s = options["retry"].retry_after_cap_s
         built.append(replica)
+    ejection = options["ejection"]
     return Dispatcher(built, eject_after=ejection.after, eject_s=ejection.duration_s)

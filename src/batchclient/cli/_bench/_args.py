@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"modes to run, any of {', '.join(ALL_MODES)} (default all)",
     )
     modes.add_argument(
-        "--concurrency",
+        "--max-concurrency",
         type=int,
         nargs="+",
         default=[ENGINE_MAX_NUM_SEQS],
@@ -61,11 +61,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "given its share of the KV cache), one row per value (default 1 2)",
     )
     modes.add_argument(
-        "--peer-concurrency",
+        "--peer-max-concurrency",
         type=int,
         default=None,
         metavar="N",
-        help="openai-gather and litellm: requests in flight (default the largest --concurrency)",
+        help="openai-gather and litellm: requests in flight (default the largest "
+        "--max-concurrency)",
     )
     modes.add_argument(
         "--sequential-n",
@@ -166,7 +167,7 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("n", "max_tokens", "sequential_n", "repeat", "max_model_len", "kv_cache_gib"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 1")
-    if any(c < 1 for c in args.concurrency) or (args.peer_concurrency or 1) < 1:
+    if any(c < 1 for c in args.max_concurrency) or (args.peer_max_concurrency or 1) < 1:
         raise ConfigurationError("concurrency values must be >= 1")
     if any(n < 1 for n in args.replicas):
         raise ConfigurationError("--replicas values must be >= 1")
@@ -180,11 +181,11 @@ def command_line(args: argparse.Namespace) -> str:
     else:
         words += ["--seed", str(args.seed)]
     words += ["--max-tokens", str(args.max_tokens), "--modes", *args.modes]
-    words += ["--concurrency", *map(str, args.concurrency)]
+    words += ["--max-concurrency", *map(str, args.max_concurrency)]
     if "ray" in args.modes:
         words += ["--replicas", *map(str, args.replicas)]
-    if args.peer_concurrency is not None:
-        words += ["--peer-concurrency", str(args.peer_concurrency)]
+    if args.peer_max_concurrency is not None:
+        words += ["--peer-max-concurrency", str(args.peer_max_concurrency)]
     if args.sequential_n is not None:
         words += ["--sequential-n", str(args.sequential_n)]
     words += ["--repeat", str(args.repeat)]

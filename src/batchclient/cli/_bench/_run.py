@@ -91,7 +91,7 @@ def load_data(args: argparse.Namespace) -> tuple[list[BenchRequest], str]:
 def plan(args: argparse.Namespace) -> list[ModeRow]:
     """One row per mode (remote: per concurrency), in report order; modes whose package is
     missing are rows with ``skipped`` set."""
-    peer = args.peer_concurrency or max(args.concurrency)
+    peer = args.peer_max_concurrency or max(args.max_concurrency)
     rows: list[ModeRow] = []
     for mode in ALL_MODES:
         if mode not in args.modes:
@@ -99,7 +99,7 @@ def plan(args: argparse.Namespace) -> list[ModeRow]:
         if mode == "sequential":
             rows.append(ModeRow("sequential", mode, 1))
         elif mode == "remote":
-            rows += [ModeRow(f"remote@{c}", mode, c) for c in dict.fromkeys(args.concurrency)]
+            rows += [ModeRow(f"remote@{c}", mode, c) for c in dict.fromkeys(args.max_concurrency)]
         elif mode in ("openai-gather", "litellm"):
             rows.append(ModeRow(f"{mode}@{peer}", mode, peer))
         elif mode == "ray":
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for row in rows:
         row.finish()
     add_ratios(rows)
-    peer = args.peer_concurrency or max(args.concurrency)
+    peer = args.peer_max_concurrency or max(args.max_concurrency)
     return {
         "command": command_line(args),
         "started_at": started_at,
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "sequential_n": min(args.sequential_n or len(requests), len(requests)),
         },
         "repeat": args.repeat,
-        "concurrency": list(args.concurrency),
+        "concurrency": list(args.max_concurrency),
         "peer_concurrency": peer,
         "rows": [r.to_json() for r in rows],
         "targets": targets(rows, peer),

@@ -73,15 +73,15 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         api_key: remote: bearer token (default ``$OPENAI_API_KEY``).
         tokenizer: remote: a local folder with the model's tokenizer files (needed for chat
             templates; without it the server's ``/tokenize`` route is used for scoring).
-        max_concurrency: requests in flight (remote default 64, vllm 1024).
-        timeout, max_retries: remote: seconds per attempt, retries per request.
         max_gen_toks: ``generate_until``'s default ``max_tokens`` (256, lm-eval's default).
         state_dir: where answers are kept (default ``$BATCHCLIENT_STATE_DIR`` or the user data
             directory); ``cache=False`` keeps none.
-        other keys: the provider's own options: vllm and ray engine arguments
-            (``max_model_len``, ``kv_cache_memory_bytes``, ...), ``RemoteOptions`` for remote
-            (``rpm``, ``adaptive``, ...); an option the provider does not take is a
-            ``ConfigurationError``.
+        other keys: the provider's own options, at the provider's defaults when absent
+            (``batchclient providers NAME`` lists them): ``max_concurrency``, ``timeout_s``,
+            ``max_retries``, ``rpm``, ... for remote; ``max_concurrency``,
+            ``single_token_scoring``, ... and vLLM engine arguments (``max_model_len``,
+            ``kv_cache_memory_bytes``, ...) for vllm and ray; an option the provider does not
+            take is a ``ConfigurationError``.
 
     The model opens its own client on first use, on an event loop in a background thread;
     ``close()`` (or leaving ``with``) stops it, and models still open at exit are closed then.
@@ -95,9 +95,6 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         base_url: str | None = None,
         api_key: str | None = None,
         tokenizer: str | None = None,
-        max_concurrency: int | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 4,
         max_gen_toks: int = 256,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = True,
@@ -105,7 +102,7 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        engine_args = {k: v for k, v in kwargs.items() if k not in _LM_EVAL_ONLY}
+        options = {k: v for k, v in kwargs.items() if k not in _LM_EVAL_ONLY}
         self.provider_name = provider
         self.max_gen_toks = int(max_gen_toks)
         self._state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
@@ -119,15 +116,12 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
                 base_url=base_url,
                 api_key=api_key,
                 tokenizer=tokenizer,
-                max_concurrency=max_concurrency,
-                timeout=timeout,
-                max_retries=max_retries,
                 state_dir=self._state_dir,
-                engine_args=engine_args,
+                options=options,
             )
             self._session = ClientSession(make)
         if provider in ("vllm", "ray"):  # an engine of ours: the model it loads
-            served = engine_args.get("served_model_name")
+            served = options.get("served_model_name")  # an engine argument
             self.model = str(served or (model if model is not None else BUNDLED_MODEL_NAME))
         else:
             self.model = str(model)

@@ -10,6 +10,7 @@ of that loop (``anyio.to_thread.run_sync``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -41,50 +42,40 @@ def client_factory(
     base_url: str | None,
     api_key: str | None,
     tokenizer: str | None,
-    max_concurrency: int | None,
-    timeout: float,
-    max_retries: int,
     state_dir: Path,
-    engine_args: dict[str, Any],
+    options: dict[str, Any],
 ) -> Callable[[], BatchClient]:
     """A function that builds the client the model's arguments describe, from the provider
-    registry (checked now, built later, on the client's event loop). ``engine_args``: the
-    other ``model_args``, the provider's own options (vLLM engine arguments for ``vllm`` and
-    ``ray``; ``rpm``, ``adaptive``, ... for ``remote``). Raises ``ConfigurationError`` for an
-    unknown provider or arguments that do not fit it."""
-    registry.entry_of(provider)  # an unknown name: the error lists the known ones
-    options: dict[str, Any]
-    if provider in ("remote", "batch-api"):
-        if not base_url or not model:
-            raise ConfigurationError(f"provider={provider} needs base_url=... and model=...")
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        options = {"base_url": remote_base(base_url), "api_key": key or None}
-        options.update(timeout=float(timeout), max_retries=int(max_retries))
-        if provider == "remote":
-            options["tokenizer"] = tokenizer
-        elif tokenizer:
-            raise ConfigurationError("tokenizer is for provider=remote")
-    elif provider in ("anthropic-batch", "gemini-batch"):
-        # chat only (completions and scoring calls are refused with the endpoint's name);
-        # their own default hosts and key variables, which the client reads
+    registry (checked now, built later, on the client's event loop). ``options``: the other
+    ``model_args``, the provider's own options (``max_concurrency``, ``timeout_s``, ``rpm``,
+    ...; vLLM engine arguments for ``vllm`` and ``ray``), each left at the provider's default
+    when absent. Raises ``ConfigurationError`` for an unknown provider or arguments that do not
+    fit it."""
+    entry = registry.entry_of(provider)  # an unknown name: the error lists the known ones
+    named = entry.arguments(client=True)
+    built: dict[str, Any] = {}
+    if "model" in named:  # an engine of ours: it loads the model
+        if base_url:
+            raise ConfigurationError(f"base_url is not an argument of provider={provider}")
+        built["model"] = model
+    else:  # a server: the model is the name it serves
         if not model:
             raise ConfigurationError(f"provider={provider} needs model=...")
-        if tokenizer:
-            raise ConfigurationError("tokenizer is for provider=remote")
-        options = {"base_url": base_url or None, "api_key": api_key or None}
-        options.update(timeout=float(timeout), max_retries=int(max_retries))
-    else:
-        if base_url or tokenizer:
-            raise ConfigurationError("base_url and tokenizer are for provider=remote")
-        options = {"model": model}
-    if max_concurrency:
-        options["max_concurrency"] = int(max_concurrency)
-    taken = sorted(set(engine_args) & set(options))
+        if base_url:
+            built["base_url"] = remote_base(base_url)
+        if named["base_url"].default is inspect.Parameter.empty:  # OpenAI-shaped
+            api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        built["api_key"] = api_key or None  # the others read their own key variables
+    if tokenizer:
+        if "tokenizer" not in entry.option_names:
+            raise ConfigurationError(f"tokenizer is not an option of {provider}")
+        built["tokenizer"] = tokenizer
+    taken = sorted(set(options) & set(built))
     if taken:
         raise ConfigurationError(f"{', '.join(taken)}: given twice")
-    options.update(engine_args)
-    registry.check_options(provider, options, client=True)
-    return lambda: registry.make_client(provider, state_dir=state_dir, **options)
+    built.update(options)
+    registry.check_options(provider, built, client=True)
+    return lambda: registry.make_client(provider, state_dir=state_dir, **built)
 
 
 class ClientSession:
