@@ -98,7 +98,7 @@ async def run(url: str, variant: Variant, seconds: float) -> dict[str, Any]:
             progress=progress,
         )
         elapsed = time.monotonic() - started
-        stats = client.endpoint_stats()[0]
+        stats = client.replica_stats()[0]
     per_second = [0] * (int(elapsed) + 1)
     for t in done_at:
         per_second[int(t)] += 1

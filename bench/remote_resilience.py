@@ -55,7 +55,7 @@ async def run(stubs: list[StubProcess], n: int) -> dict[str, Any]:
         result = await client.batch_chat_completion("smollm2", messages, progress=progress)
         elapsed = time.monotonic() - started
         await task
-        stats = {s.url: s for s in client.endpoint_stats()}
+        stats = {s.url: s for s in client.replica_stats()}
     kill_t = killed_at[0]
     before = sum(1 for t in done if t < kill_t) / kill_t
     after = sum(1 for t in done if t >= kill_t) / max(elapsed - kill_t, 1e-9)

@@ -17,8 +17,8 @@ def convo(text: str) -> list[dict[str, str]]:
 
 
 def lane(client: RemoteBatchInference, url: str | None = None, model: str = "smollm2") -> Any:
-    """The ``endpoint_stats()`` entry of one (endpoint, model) lane."""
-    for stats in client.endpoint_stats():
+    """The ``replica_stats()`` entry of one (endpoint, model) lane."""
+    for stats in client.replica_stats():
         if stats.model == model and (url is None or stats.url == url.rstrip("/")):
             return stats
     raise AssertionError(f"no lane for {url} {model}")

@@ -42,7 +42,7 @@ ARGUMENTS: dict[str, Any] = {
 
 OVERRIDES: dict[type[Provider], set[str]] = {
     DelegatingProvider: set(),
-    SharedProvider: {"start", "stop", "execute", "window"},  # started once; the fair gate
+    SharedProvider: {"start", "stop", "execute", "max_in_flight"},  # started once; the fair gate
     CachedProvider: {"execute"},  # answers from the cache first
     MeteredProvider: {"execute"},  # counts each request in the server's metrics
 }

@@ -116,7 +116,7 @@ def test_ray_provider_arguments_are_checked_before_anything_starts() -> None:
     with pytest.raises(ConfigurationError):
         RayProvider(cores_per_replica=0)
     provider = RayProvider(replicas=3, max_concurrency=8)
-    assert provider.window() == 24
+    assert provider.max_in_flight() == 24
     # the replicas' dtype (by this CPU) changes answers: part of the identity
     dtype = VLLMProvider().dtype
     assert provider.identity() == {"provider": "ray", "model": "smollm2", "dtype": dtype}

@@ -136,7 +136,7 @@ async def test_connection_reset_is_retried_then_reported() -> None:
     with StubServer(faults=[Fault(StubReply(action="reset"), match="drop")]) as stub:
         async with RemoteBatchInference(stub.url, max_retries=1, **FAST) as client:
             result = await client.batch_chat_completion("smollm2", [convo("drop"), convo("keep")])
-            stats = client.endpoint_stats()[0]
+            stats = client.replica_stats()[0]
     err = result.batch[0].error
     assert err is not None and err.code == "connection_error" and err.status_code is None
     assert result.batch[1].text == "echo: keep"

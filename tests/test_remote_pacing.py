@@ -51,9 +51,7 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
             async def watch() -> None:
                 nonlocal last
                 while True:
-                    throttled = (
-                        client.endpoint_stats()[0].throttled if client.endpoint_stats() else 0
-                    )
+                    throttled = client.replica_stats()[0].throttled if client.replica_stats() else 0
                     if throttled > last:
                         refused.append(time.monotonic())
                         last = throttled
@@ -63,7 +61,7 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
                 tg.start_soon(watch)
                 result = await client.batch_chat_completion("smollm2", convos(360))
                 tg.cancel_scope.cancel()
-            stats = client.endpoint_stats()[0]
+            stats = client.replica_stats()[0]
     assert result is not None
     assert all(r.error is None for r in result.batch)
     share = stub.stats.by_status[429] / stub.stats.requests

@@ -95,7 +95,7 @@ async def test_the_output_token_estimate_learns_from_usage() -> None:
 
 
 def lane_estimate(client: RemoteBatchInference) -> float | None:
-    stats = client.endpoint_stats()
+    stats = client.replica_stats()
     return stats[0].output_tokens_estimate if stats else None
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from batchclient import RemoteBatchInference, RemoteEndpoint
+from batchclient import RemoteBatchInference, RemoteReplica
 from batchclient.remote import Ejection, RateLimits
 from batchclient.testing import Fault, StubReply, StubServer
 from remote_util import FAST, convo, lane
@@ -96,8 +96,8 @@ async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
     """A small replica (at most 2 in flight) beside a large one (6): each gets at most its own
     limit and a share of the work in proportion; a per-endpoint rpm holds for its endpoint."""
     with StubServer(latency_s=0.05) as small, StubServer(latency_s=0.05) as large:
-        endpoints: list[str | RemoteEndpoint] = [
-            RemoteEndpoint(small.url, max_concurrency=2),
+        endpoints: list[str | RemoteReplica] = [
+            RemoteReplica(small.url, max_concurrency=2),
             large.url,
         ]
         async with RemoteBatchInference(endpoints, max_concurrency=6, adaptive=False) as client:
@@ -108,7 +108,7 @@ async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
         assert (small.stats.max_in_flight, large.stats.max_in_flight) == (2, 6)
         assert 25 <= small.stats.requests <= 55  # about 2/8 of 160
         with StubServer() as limited:
-            endpoints = [RemoteEndpoint(limited.url, rpm=5), large.url]  # same type as above
+            endpoints = [RemoteReplica(limited.url, rpm=5), large.url]  # same type as above
             async with RemoteBatchInference(
                 endpoints, rate_limits=RateLimits(period_s=1.0)
             ) as client:

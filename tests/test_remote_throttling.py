@@ -94,7 +94,7 @@ async def test_steady_retry_after_still_reaches_the_minimum_and_recovers() -> No
 
             async def watch() -> None:
                 while True:
-                    stats = client.endpoint_stats()
+                    stats = client.replica_stats()
                     if stats:
                         limits.append((time.monotonic() - started, stats[0].concurrency_limit))
                     await anyio.sleep(0.05)
@@ -218,7 +218,7 @@ async def test_adaptive_limits_are_per_endpoint_and_model() -> None:
                 for model in models:
                     batch = [convo(f"{model}{i}") for i in range(60)]
                     tg.start_soon(client.batch_chat_completion, model, batch)
-            cut = {(s.url, s.model): s.cuts for s in client.endpoint_stats()}
+            cut = {(s.url, s.model): s.cuts for s in client.replica_stats()}
     assert cut[(hot.url, "a")] >= 1
     assert cut[(hot.url, "b")] == 0
     assert cut[(calm.url, "a")] == 0 and cut[(calm.url, "b")] == 0

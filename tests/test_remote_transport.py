@@ -91,7 +91,7 @@ async def test_userinfo_becomes_basic_auth_and_is_never_shown_or_stored(tmp_path
             base, max_retries=0, check_model=False, state_dir=tmp_path
         ) as client:
             result = await client.batch_chat_completion("m", CONVO)
-            shown = [client.base_url, str(client.provider.identity()), str(client.endpoint_stats())]
+            shown = [client.base_url, str(client.provider.identity()), str(client.replica_stats())]
         with pytest.raises(ConfigurationError) as both:
             RemoteBatchInference(base, api_key="k")
     token = base64.b64encode(f"user:{SECRET}".encode()).decode()
@@ -149,7 +149,7 @@ async def test_a_secret_in_the_query_never_reaches_the_state_or_the_logs(
             line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}\n'  # noqa: E501
             batch = await client.batches.create((await client.files.create(line)).id)
             batch = await client.batches.wait(batch.id)
-            shown = [client.base_url, str(client.provider.identity()), str(client.endpoint_stats())]
+            shown = [client.base_url, str(client.provider.identity()), str(client.replica_stats())]
     err = result.batch[0].error
     assert err is not None and err.status_code == 400
     assert f"api-version=2024&{name}=[redacted]&auth=[redacted]" in err.message
@@ -461,7 +461,7 @@ async def test_an_answer_over_a_small_cap_is_refused_early() -> None:
         http = HttpOptions(max_response_bytes=1 << 20)
         async with RemoteBatchInference(url(port), http=http) as client:
             result = await client.batch_chat_completion("m", CONVO)
-            stats = client.endpoint_stats()[0]
+            stats = client.replica_stats()[0]
     err = result.batch[0].error
     assert err is not None and err.code == "response_too_large" and "1,048,576" in err.message
     assert result.batch[0].error is not None and stats.failed == 0 and stats.sent == 1
@@ -527,7 +527,7 @@ async def test_a_server_closing_pooled_connections_costs_no_failures() -> None:
             started = time.monotonic()
             result = await client.batch_chat_completion("m", CONVO * 32)
             elapsed = time.monotonic() - started
-            stats = client.endpoint_stats()[0]
+            stats = client.replica_stats()[0]
     assert all(r.text == "ok" for r in result.batch)
     assert (stats.failed, stats.ejected, stats.sent) == (0, False, 32)
     assert all(r.metric("latency") is not None for r in result.batch)

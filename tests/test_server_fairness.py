@@ -15,20 +15,20 @@ import httpx
 import pytest
 
 from batchclient import RemoteProvider
-from batchclient._core.lanes import Lane, Priority, priority_of
+from batchclient._core.flows import Flow, Priority, priority_of
 from batchclient.server import create_app
 from batchclient.server._fair import FairGate
 from batchclient.testing import AppServer, StubServer
 from server_util import KEY_A, KEY_B, batch_file, is_envelope, sdk, wait_batch
 
-CALL = Lane(None, Priority.interactive)
+CALL = Flow(None, Priority.interactive)
 
 
-def batch(name: str, priority: Priority = Priority.normal) -> Lane:
-    return Lane(name, priority)
+def batch(name: str, priority: Priority = Priority.normal) -> Flow:
+    return Flow(name, priority)
 
 
-async def _grants(gate: FairGate, waiters: list[tuple[str, Lane]], hold: int) -> list[str]:
+async def _grants(gate: FairGate, waiters: list[tuple[str, Flow]], hold: int) -> list[str]:
     """Fill the gate with ``hold`` requests of tenant ``x``, queue ``waiters`` (labelled
     ``tenant/batch``) in order, then free one slot at a time; the order they were admitted."""
     order: list[str] = []
@@ -38,9 +38,9 @@ async def _grants(gate: FairGate, waiters: list[tuple[str, Lane]], hold: int) ->
         async with gate.slot("x", batch("x0")):
             await freed[i].wait()
 
-    async def waiter(tenant: str, lane: Lane) -> None:
-        async with gate.slot(tenant, lane):
-            order.append(f"{tenant}/{lane.batch or 'call'}")
+    async def waiter(tenant: str, flow: Flow) -> None:
+        async with gate.slot(tenant, flow):
+            order.append(f"{tenant}/{flow.batch or 'call'}")
         # released at once: the next one is admitted in the same way
 
     async with asyncio.TaskGroup() as tg:
@@ -48,8 +48,8 @@ async def _grants(gate: FairGate, waiters: list[tuple[str, Lane]], hold: int) ->
             tg.create_task(holder(i))
         await asyncio.sleep(0)
         assert gate.in_flight == hold
-        for tenant, lane in waiters:
-            tg.create_task(waiter(tenant, lane))
+        for tenant, flow in waiters:
+            tg.create_task(waiter(tenant, flow))
             await asyncio.sleep(0)
         assert gate.waiting() == len(waiters)
         for event in freed:

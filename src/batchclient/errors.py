@@ -8,7 +8,7 @@ whole call (``docs/design.md``, "Errors")::
     ├── ConfigurationError       bad constructor argument, missing optional dependency
     ├── ModelNotFoundError       the call names a model the provider does not serve
     ├── ClientClosedError        the client is used outside its ``async with`` block
-    ├── EndpointError            no endpoint reachable at all, or server start-up failure
+    ├── EndpointError            no server reachable at all, or an engine's start-up failure
     ├── BatchFailedError         raised only on request (``raise_on_error=True``): some items failed
     ├── JobError                 job calls
     │   ├── JobNotFoundError
@@ -49,7 +49,7 @@ class ErrorCode(StrEnum):
 
     invalid_request = "invalid_request"  # the request cannot be served as given (HTTP 400/422)
     context_length_exceeded = "context_length_exceeded"  # prompt (+ max_tokens) over the context
-    model_not_found = "model_not_found"  # the endpoint or engine does not serve that model
+    model_not_found = "model_not_found"  # the server or engine does not serve that model
     unsupported_parameter = "unsupported_parameter"  # a field the provider cannot honour
     authentication_error = "authentication_error"  # HTTP 401
     permission_denied = "permission_denied"  # HTTP 403
@@ -61,7 +61,7 @@ class ErrorCode(StrEnum):
     response_too_large = "response_too_large"  # an answer over the transport's size cap
     timeout = "timeout"  # no answer within the timeout, counted from dispatch
     connection_error = "connection_error"  # could not connect, or the connection dropped
-    endpoint_unavailable = "endpoint_unavailable"  # every endpoint ejected / down
+    endpoint_unavailable = "endpoint_unavailable"  # every replica ejected / down
     engine_error = "engine_error"  # the inline engine failed this request
     internal_error = "internal_error"  # a bug in batchclient while handling this item
     invalid_structured_output = "invalid_structured_output"  # answer does not match its schema
@@ -107,7 +107,7 @@ class ClientClosedError(BatchClientError, RuntimeError):
 
 
 class EndpointError(BatchClientError, ConnectionError):
-    """No endpoint is usable at all, or a server failed to start."""
+    """No server is usable at all, or a server or engine failed to start."""
 
 
 class BatchFailedError(BatchClientError):

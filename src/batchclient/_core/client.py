@@ -399,7 +399,9 @@ class BatchClient:
         run: Execute = provider.execute if progress is None else execute
         # requests that share a prefix dispatched together, while the engine caches it
         grouped = group_by_prefix(requests)
-        await run_requests(run, grouped, window=provider.window(), on_result=on_result)
+        await run_requests(
+            run, grouped, max_in_flight=provider.max_in_flight(), on_result=on_result
+        )
         tracker.finish()
         missing = [i for i, r in enumerate(results) if r is None]
         assert not missing, f"items without a result: {missing[:10]}"  # the primitive's contract

@@ -31,7 +31,7 @@ from .request import Request
 __all__ = ["LOOK_AHEAD", "group_by_prefix", "prefix_key"]
 
 LOOK_AHEAD = 256
-"""Requests grouped at a time: as many as a few windows of in-flight requests, so the groups
+"""Requests grouped at a time: a few times a provider's ``max_in_flight()``, so the groups
 are dispatched close together, and little enough to cost nothing in memory or latency."""
 
 

@@ -26,7 +26,8 @@ class Provider(abc.ABC):
 
     Lifecycle: :meth:`start` is awaited once before the first request and :meth:`stop` once
     after the last (``BatchClient``'s ``async with`` does both; a provider is also an async
-    context manager itself). ``execute`` may be called up to :meth:`window` times concurrently.
+    context manager itself). ``execute`` may be called up to :meth:`max_in_flight` times
+    concurrently.
     """
 
     endpoints: frozenset[Endpoint] = frozenset({Endpoint.chat_completions})
@@ -53,8 +54,9 @@ class Provider(abc.ABC):
         abort it in the engine) before re-raising.
         """
 
-    def window(self) -> int:
-        """How many requests may be in :meth:`execute` at once (the scheduler's window)."""
+    def max_in_flight(self) -> int:
+        """How many requests may be in :meth:`execute` at once (the scheduler runs that many
+        workers; the provider may hold some of them back inside ``execute``)."""
         return 64
 
     async def check_model(self, model: str) -> None:  # noqa: B027
@@ -139,8 +141,8 @@ class DelegatingProvider(Provider):
     async def execute(self, request: Request) -> Result:
         return await self.inner.execute(request)
 
-    def window(self) -> int:
-        return self.inner.window()
+    def max_in_flight(self) -> int:
+        return self.inner.max_in_flight()
 
     async def check_model(self, model: str) -> None:
         await self.inner.check_model(model)

@@ -4,11 +4,11 @@
 input order), the jobs (which commit each result to SQLite) and the benchmark (which records
 timings) alike.
 
-Design: a sliding window of ``window`` worker tasks pulls requests lazily from the input (a
-plain or async iterable) and awaits the provider's ``execute`` for each. A slow request holds one
-worker, never a whole chunk; the input is never materialised, so memory is bounded by the window
-whatever the input size. The provider may gate further inside ``execute`` (the remote provider's
-adaptive, per-endpoint limits). Cancelling the caller cancels every worker, which closes HTTP
+Design: ``max_in_flight`` worker tasks pull requests lazily from the input (a plain or async
+iterable) and await the provider's ``execute`` for each. A slow request holds one worker, never a
+whole chunk; the input is never materialised, so memory is bounded by ``max_in_flight`` whatever
+the input size. The provider may gate further inside ``execute`` (the remote provider's
+adaptive, per-replica limits). Cancelling the caller cancels every worker, which closes HTTP
 requests and aborts engine requests in the providers' own ``finally`` blocks.
 """
 
@@ -44,11 +44,11 @@ async def run_requests(
     execute: Execute,
     requests: Iterable[Request] | AsyncIterable[Request],
     *,
-    window: int,
+    max_in_flight: int,
     on_result: OnResult,
 ) -> None:
-    """Run every request with at most ``window`` in flight; call ``on_result(request, result)``
-    once per request as it completes (in completion order).
+    """Run every request with at most ``max_in_flight`` in ``execute`` at once; call
+    ``on_result(request, result)`` once per request as it completes (in completion order).
 
     ``execute`` must turn every failure of one request into a failed ``Result``; an
     exception that escapes it anyway (a bug) becomes that item's ``internal_error`` so the rest
@@ -56,8 +56,8 @@ async def run_requests(
     dispatch) are reported without being executed. Raises only what ``on_result`` raises, and
     cancellation.
     """
-    if window < 1:
-        raise ValueError("window must be >= 1")
+    if max_in_flight < 1:
+        raise ValueError("max_in_flight must be >= 1")
     is_async = inspect.iscoroutinefunction(on_result)
     if isinstance(requests, AsyncIterable):
         source: AsyncIterator[Request] = _aiter(requests)
@@ -90,7 +90,7 @@ async def run_requests(
                 on_result(request, result)
 
     async with anyio.create_task_group() as tg:
-        for _ in range(window):
+        for _ in range(max_in_flight):
             tg.start_soon(worker)
 
 

@@ -1,4 +1,4 @@
-"""Adaptive concurrency: how many requests one (endpoint, model) may have in flight.
+"""Adaptive concurrency: how many requests one (replica, model) may have in flight.
 
 An AIMD controller (TCP congestion control, RFC 5681; inspect_ai's adaptive connections) with a
 capacity signal: slow start from ``initial`` until the first throttle, then growth by
@@ -32,8 +32,8 @@ it with every hint froze the limit).
   forgotten and the limit slow-starts again to find the new capacity.
 - **Cut** by ``decrease_factor`` (inspect_ai: x0.8; promptfoo x0.5) on a throttle that the
   capacity does not explain (the limit was no more than what the server served: another
-  client, a rate limit) and on an endpoint-wide one (``served`` None: most answers refused;
-  ``dispatch`` also pauses the endpoint), at most once per ``cooldown_s``, and only for
+  client, a rate limit) and on a replica-wide one (``served`` None: most answers refused;
+  ``dispatch`` also pauses the replica), at most once per ``cooldown_s``, and only for
   requests sent after the previous change (the other answers of the same burst report the same
   overload). A sustained throttle walks the limit to ``minimum`` in at most
   ``log(limit/minimum) / log(1/decrease_factor)`` cool-downs and it grows back as soon as
@@ -81,7 +81,7 @@ class AdaptiveSettings:
 
 @dataclass
 class AdaptiveLimit:
-    """The AIMD state of one (endpoint, model). ``enabled=False`` pins it at ``maximum``."""
+    """The AIMD state of one (replica, model). ``enabled=False`` pins it at ``maximum``."""
 
     settings: AdaptiveSettings
     enabled: bool = True
@@ -135,7 +135,7 @@ class AdaptiveLimit:
 
         ``served``: how many requests the server was serving when this one arrived (the
         dispatcher counts them: sent before it and answered with success after it was sent, or
-        still unanswered); None for an endpoint-wide throttle, a rate limit rather than a
+        still unanswered); None for a replica-wide throttle, a rate limit rather than a
         capacity. It is the capacity the server just showed, whether it refused at once or only
         after working as long as a success takes. A limit above it is set to it (the ceiling
         that growth then probes one step per cool-down); a limit the server already served

@@ -1,41 +1,41 @@
-"""Endpoints, their (endpoint, model) lanes, and the dispatcher that hands out request slots.
+"""Replicas, their (replica, model) lanes, and the dispatcher that hands out request slots.
 
-- A **lane** is one (endpoint, model): its own adaptive concurrency limit and counters (limits
-  are per endpoint and model, not per API key: inspect_ai PR #3984).
-- An **endpoint** is one replica: its HTTP pool, rpm/tpm buckets, health and ``Retry-After``
-  pause. All lanes of an endpoint share its pause and its health.
+- A **lane** is one (replica, model): its own adaptive concurrency limit and counters (limits
+  are per replica and model, not per API key: inspect_ai PR #3984).
+- A **replica** is one server instance: its HTTP pool (or Ray actor), rpm/tpm buckets, health and
+  ``Retry-After`` pause. All lanes of a replica share its pause and its health.
 - The **dispatcher** gives each attempt a slot on the least-loaded usable lane of its model
-  (fewest in flight relative to its limit; only endpoints with rpm/tpm room while any has some;
-  the endpoint of the previous failed attempt last). With no free slot the attempt queues
+  (fewest in flight relative to its limit; only replicas with rpm/tpm room while any has some;
+  the replica of the previous failed attempt last). With no free slot the attempt queues
   (first come, first served per model) and is handed a slot directly when one frees up, a pause
-  ends or an ejected endpoint returns.
+  ends or an ejected replica returns.
 - **Prefix affinity**: an attempt with a prefix key (:mod:`.._core.prefix`: the context of a
-  scoring request, the leading messages of a chat) goes to the usable endpoint with room that
-  ranks first for that key by rendezvous hashing (highest ``hash((key, endpoint number))``),
+  scoring request, the leading messages of a chat) goes to the usable replica with room that
+  ranks first for that key by rendezvous hashing (highest ``hash((key, replica number))``),
   so requests that share a prefix meet the KV cache that prefix already filled; when that
-  endpoint's lane is full, to the next in the key's ranking (the load spills in a fixed order,
+  replica's lane is full, to the next in the key's ranking (the load spills in a fixed order,
   so the second replica's cache warms for it too). Attempts without a key go least-loaded.
   Queued attempts take whatever slot frees first (the queue stays first come, first served):
   under saturation affinity yields to keeping every replica busy.
 - **Throttles**: a 429/503/529 holds the request that got it until its ``Retry-After`` (the
-  caller's retry waits it); the other requests go on. The endpoint as a whole is paused only when
-  the throttling is endpoint-wide: most of its recent answers (as many as it has in flight, at
+  caller's retry waits it); the other requests go on. The replica as a whole is paused only when
+  the throttling is replica-wide: most of its recent answers (as many as it has in flight, at
   least 4) were throttles, none was a success since the refused request was sent (within the
   last second: a server still serving some is at its capacity, which the limit finds, as when
   its capacity falls), and the server said until when. When the pause ends, each lane
   restarts at half its limit and regains one slot per success (a gradual restart, not a burst).
   A request that was itself told ``Retry-After`` and has waited it is not held by later pauses
-  (it does what the server asked) and is served before new requests. (Pausing the endpoint for
+  (it does what the server asked) and is served before new requests. (Pausing the replica for
   every ``Retry-After``, as inspect_ai #5137 proposed, drove a concurrency-limited server at a
   third of its capacity: each excess request stopped the others, which were succeeding.)
-- **Announced quota**: an endpoint whose answers carry ``x-ratelimit-*`` headers is held, for
+- **Announced quota**: a replica whose answers carry ``x-ratelimit-*`` headers is held, for
   every request, while the quota they announce has no room, until their reset time
   (:mod:`.quota`).
 - **Ejection**: ``eject_after`` consecutive connection failures or 5xx answers (500, 502, 504,
-  52x) take an endpoint out for ``eject_s`` seconds; its requests go elsewhere. On its return one
-  more failure ejects it again. If every endpoint is out, attempts fail fast with
-  :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
-  A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
+  52x) take a replica out for ``eject_s`` seconds; its requests go elsewhere. On its return one
+  more failure ejects it again. If every replica is out, attempts fail fast with
+  :class:`ReplicasUnavailable` (retried by the caller until its attempts run out: never a hang).
+  A 5xx never ejects the last replica still in (backoff paces it instead); a connection failure
   may.
 """
 
@@ -54,11 +54,11 @@ from .adaptive import AdaptiveLimit, AdaptiveSettings
 from .quota import HeaderQuota
 from .rates import RateBuckets
 
-__all__ = ["Dispatcher", "EndpointUnavailable", "Lane", "LaneStats", "Replica"]
+__all__ = ["Dispatcher", "Lane", "LaneStats", "Replica", "ReplicasUnavailable"]
 
 
-class EndpointUnavailable(Exception):
-    """Every endpoint is ejected; ``wait_s`` is when the first one returns."""
+class ReplicasUnavailable(Exception):
+    """Every replica is ejected; ``wait_s`` is when the first one returns."""
 
     def __init__(self, message: str, wait_s: float):
         super().__init__(message)
@@ -67,7 +67,7 @@ class EndpointUnavailable(Exception):
 
 @dataclass
 class LaneStats:
-    """What one (endpoint, model) lane has seen. ``concurrency_limit`` is its current limit;
+    """What one (replica, model) lane has seen. ``concurrency_limit`` is its current limit;
     ``throttled`` counts 429/503/529 answers (each one signal: no hidden retries, mlflow #24404);
     ``cuts`` how often the limit was cut."""
 
@@ -87,7 +87,7 @@ class LaneStats:
 
 @dataclass(eq=False)
 class Lane:
-    endpoint: Replica
+    replica: Replica
     model: str
     control: AdaptiveLimit
     in_use: int = 0
@@ -128,7 +128,7 @@ class Lane:
     def serving_since(self, since: float) -> bool:
         """Whether a success was answered after ``since``: a server that refuses most requests
         but still serves some is at its capacity (which the limit finds), not rate-limited
-        (which pauses the endpoint)."""
+        (which pauses the replica)."""
         return bool(self.answered) and self.answered[-1][1] > since
 
     def free(self) -> int:
@@ -141,7 +141,7 @@ class Lane:
 @dataclass(eq=False)
 class Replica:
     """One replica. ``base_url`` is its URL as shown (no userinfo, no query), or names a
-    replica that is not an HTTP endpoint; ``pool`` is what sends to it, which only its provider
+    replica that is not an HTTP server; ``pool`` is what sends to it, which only its provider
     uses: the remote provider's HTTP ``Transport``, the Ray provider's actor handle (anything
     with an async ``close()``, which :meth:`Dispatcher.close` calls)."""
 
@@ -153,13 +153,13 @@ class Replica:
     lanes: dict[str, Lane] = field(default_factory=dict)
     quota: HeaderQuota = field(default_factory=HeaderQuota)
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=512))  # True: throttled
-    paused_until: float = 0.0  # endpoint-wide throttle (requests told Retry-After pass)
+    paused_until: float = 0.0  # replica-wide throttle (requests told Retry-After pass)
     held_until: float = 0.0  # announced quota without room (holds every request)
     failures: int = 0  # consecutive
     ejected_until: float = 0.0
     ejections: int = 0
     last_error: str = ""
-    number: int = 0  # its position among the dispatcher's endpoints: the rendezvous salt
+    number: int = 0  # its position among the dispatcher's replicas: the rendezvous salt
 
     def in_flight(self) -> int:
         return sum(lane.in_use for lane in self.lanes.values())
@@ -180,12 +180,12 @@ _NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their R
 
 
 class Dispatcher:
-    """Hands out lane slots across endpoints (see the module docstring)."""
+    """Hands out lane slots across replicas (see the module docstring)."""
 
-    def __init__(self, endpoints: list[Replica], *, eject_after: int, eject_s: float) -> None:
-        self.endpoints = endpoints
-        for number, ep in enumerate(endpoints):
-            ep.number = number
+    def __init__(self, replicas: list[Replica], *, eject_after: int, eject_s: float) -> None:
+        self.replicas = replicas
+        for number, replica in enumerate(replicas):
+            replica.number = number
         self.eject_after = eject_after
         self.eject_s = eject_s
         self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
@@ -200,52 +200,56 @@ class Dispatcher:
         key: int | None = None,
     ) -> Lane | None:
         """The least-loaded lane with a free slot (with a prefix ``key``: the first with one in
-        the key's rendezvous ranking), or None. While some usable endpoint has rpm/tpm room,
-        endpoints without it are skipped (better to wait for a slot there than to hold one here
-        waiting for the bucket); the endpoint to avoid comes last."""
+        the key's rendezvous ranking), or None. While some usable replica has rpm/tpm room,
+        replicas without it are skipped (better to wait for a slot there than to hold one here
+        waiting for the bucket); the replica to avoid comes last."""
         now = time.monotonic()
-        if len(self.endpoints) == 1:  # the common case, kept cheap
-            ep = self.endpoints[0]
+        if len(self.replicas) == 1:  # the common case, kept cheap
+            replica = self.replicas[0]
             if (
-                ep.ejected_until > now
-                or (ep.paused_until > now and not past_pause)
-                or (ep.quota.active and self._held(ep, now))
+                replica.ejected_until > now
+                or (replica.paused_until > now and not past_pause)
+                or (replica.quota.active and self._held(replica, now))
             ):
                 return None
-            lane = ep.lane(model)
+            lane = replica.lane(model)
             return lane if lane.free() > 0 else None
         usable = [
-            ep
-            for ep in self.endpoints
-            if ep.ejected_until <= now
-            and (ep.paused_until <= now or past_pause)
-            and not (ep.quota.active and self._held(ep, now))
+            replica
+            for replica in self.replicas
+            if replica.ejected_until <= now
+            and (replica.paused_until <= now or past_pause)
+            and not (replica.quota.active and self._held(replica, now))
         ]
-        with_room = [ep for ep in usable if not ep.rates.active or ep.rates.has_capacity(0.0)]
+        with_room = [
+            replica
+            for replica in usable
+            if not replica.rates.active or replica.rates.has_capacity(0.0)
+        ]
         best: Lane | None = None
         best_score: tuple[bool, float | int] | None = None
-        for ep in with_room or usable:
-            lane = ep.lane(model)
+        for replica in with_room or usable:
+            lane = replica.lane(model)
             if lane.free() <= 0:
                 continue
             if key is None:
-                score = (ep is avoid, lane.in_use / max(lane.control.limit, 1))
+                score = (replica is avoid, lane.in_use / max(lane.control.limit, 1))
             else:
-                score = (ep is avoid, -hash((key, ep.number)))
+                score = (replica is avoid, -hash((key, replica.number)))
             if best_score is None or score < best_score:
                 best, best_score = lane, score
         return best
 
-    def _held(self, ep: Replica, now: float) -> bool:
-        """Whether the endpoint's announced quota has no room now (then it is held until the
+    def _held(self, replica: Replica, now: float) -> bool:
+        """Whether the replica's announced quota has no room now (then it is held until the
         quota's reset, or until the next answer reports it when the reset is unknown)."""
-        if ep.held_until > now:
+        if replica.held_until > now:
             return True
-        until = ep.quota.hold_until(now, ep.in_flight())
+        until = replica.quota.hold_until(now, replica.in_flight())
         if until is None:
             return False
         if until != math.inf:
-            ep.held_until = until
+            replica.held_until = until
             asyncio.get_running_loop().call_later(until - now, self._grant_all)
         return True
 
@@ -263,8 +267,8 @@ class Dispatcher:
         lane = self._pick(model, avoid, past_pause, key)
         if lane is not None:
             lane.in_use += 1
-            if lane.endpoint.quota.active:
-                lane.endpoint.quota.reserve()
+            if lane.replica.quota.active:
+                lane.replica.quota.reserve()
         return lane
 
     async def acquire(
@@ -278,7 +282,7 @@ class Dispatcher:
         every usable lane is full or paused (``past_pause``: the caller already waited the
         ``Retry-After`` it was given, so pauses do not hold it; ``key``: the request's prefix
         key, for affinity). Raises
-        :class:`EndpointUnavailable` when every endpoint is ejected."""
+        :class:`ReplicasUnavailable` when every replica is ejected."""
         lane = self.try_acquire(model, avoid, past_pause, key)
         if lane is not None:
             return lane
@@ -303,14 +307,14 @@ class Dispatcher:
         if problem is not None:
             raise problem
 
-    def _unavailable(self) -> EndpointUnavailable | None:
+    def _unavailable(self) -> ReplicasUnavailable | None:
         now = time.monotonic()
-        back = [ep.ejected_until for ep in self.endpoints]
+        back = [replica.ejected_until for replica in self.replicas]
         if not all(t > now for t in back):
             return None
-        detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
-        return EndpointUnavailable(
-            f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
+        detail = "; ".join(f"{replica.base_url}: {replica.last_error}" for replica in self.replicas)
+        return ReplicasUnavailable(
+            f"every replica is ejected after repeated failures ({detail})", min(back) - now
         )
 
     def release(self, lane: Lane) -> None:
@@ -330,8 +334,8 @@ class Dispatcher:
                     break
                 queue.popleft()
                 lane.in_use += 1
-                if lane.endpoint.quota.active:
-                    lane.endpoint.quota.reserve()
+                if lane.replica.quota.active:
+                    lane.replica.quota.reserve()
                 fut.set_result(lane)
 
     def _grant_all(self) -> None:
@@ -345,9 +349,9 @@ class Dispatcher:
     # ------------------------------------------------------------------ outcomes
 
     def on_success(self, lane: Lane, sent_at: float) -> None:
-        ep = lane.endpoint
-        ep.failures = 0
-        ep.recent.append(False)
+        replica = lane.replica
+        replica.failures = 0
+        replica.recent.append(False)
         lane.succeeded += 1
         lane.answered.append((sent_at, time.monotonic()))
         saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
@@ -362,66 +366,70 @@ class Dispatcher:
     ) -> None:
         """A 429/503/529 answer. ``quota_zero``: its quota headers say the quota is used up
         (the quota hold paces that; the concurrency limit is left alone). Otherwise an
-        endpoint-wide throttle (see :meth:`endpoint_wide`) cuts the limit as a rate limit and
-        pauses the endpoint for ``retry_after_s``; an isolated one shows the server's capacity
+        replica-wide throttle (see :meth:`replica_wide`) cuts the limit as a rate limit and
+        pauses the replica for ``retry_after_s``; an isolated one shows the server's capacity
         to the limit: the requests it was serving when this one arrived
         (:meth:`Lane.served_at`)."""
         lane.throttled += 1
-        ep = lane.endpoint
-        ep.recent.append(True)
+        replica = lane.replica
+        replica.recent.append(True)
         if quota_zero:
             if retry_after_s is not None and retry_after_s > 0:
-                ep.quota.refused_until(time.monotonic(), retry_after_s)
+                replica.quota.refused_until(time.monotonic(), retry_after_s)
             return
-        if self.endpoint_wide(ep) and not lane.serving_since(max(sent_at, time.monotonic() - 1.0)):
+        if self.replica_wide(replica) and not lane.serving_since(
+            max(sent_at, time.monotonic() - 1.0)
+        ):
             lane.control.on_throttle(sent_at)
             if retry_after_s is not None and retry_after_s > 0:
-                self.pause(ep, time.monotonic() + retry_after_s)
+                self.pause(replica, time.monotonic() + retry_after_s)
         else:
             served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
             lane.control.on_throttle(sent_at, served=served)
 
     @staticmethod
-    def endpoint_wide(ep: Replica) -> bool:
-        """Whether most of the endpoint's recent answers were throttles: of the last ``k``
+    def replica_wide(replica: Replica) -> bool:
+        """Whether most of the replica's recent answers were throttles: of the last ``k``
         (``k`` = its requests in flight, at least 4), at least 4 and more than half."""
-        recent = ep.recent
-        k = min(len(recent), max(4, ep.in_flight()))
+        recent = replica.recent
+        k = min(len(recent), max(4, replica.in_flight()))
         throttled = sum(itertools.islice(reversed(recent), k))
         return throttled >= 4 and 2 * throttled > k
 
     def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
         """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
-        ep = lane.endpoint
+        replica = lane.replica
         lane.failed += 1
-        ep.failures += 1
-        ep.last_error = message
-        if ep.failures < self.eject_after or ep.ejected_until > time.monotonic():
+        replica.failures += 1
+        replica.last_error = message
+        if replica.failures < self.eject_after or replica.ejected_until > time.monotonic():
             return
-        others_in = any(e is not ep and e.ejected_until <= time.monotonic() for e in self.endpoints)
+        others_in = any(
+            e is not replica and e.ejected_until <= time.monotonic() for e in self.replicas
+        )
         if connection or others_in:
-            self.eject(ep)
+            self.eject(replica)
 
-    def pause(self, ep: Replica, until: float) -> None:
-        """Stop new dispatches to ``ep`` until ``until`` (monotonic time), then restart it
+    def pause(self, replica: Replica, until: float) -> None:
+        """Stop new dispatches to ``replica`` until ``until`` (monotonic time), then restart it
         gradually."""
-        if until <= ep.paused_until:
+        if until <= replica.paused_until:
             return
-        ep.paused_until = until
+        replica.paused_until = until
         loop = asyncio.get_running_loop()
-        loop.call_later(until - time.monotonic(), self._pause_ended, ep, until)
+        loop.call_later(until - time.monotonic(), self._pause_ended, replica, until)
 
-    def _pause_ended(self, ep: Replica, until: float) -> None:
-        if ep.paused_until != until:  # extended meanwhile: a later timer ends it
+    def _pause_ended(self, replica: Replica, until: float) -> None:
+        if replica.paused_until != until:  # extended meanwhile: a later timer ends it
             return
-        for lane in ep.lanes.values():
+        for lane in replica.lanes.values():
             lane.ramp = max(lane.control.settings.minimum, math.ceil(lane.control.limit / 2))
         self._grant_all()
 
-    def eject(self, ep: Replica) -> None:
-        ep.ejected_until = time.monotonic() + self.eject_s
-        ep.ejections += 1
-        ep.failures = self.eject_after - 1  # on probation when it returns
+    def eject(self, replica: Replica) -> None:
+        replica.ejected_until = time.monotonic() + self.eject_s
+        replica.ejections += 1
+        replica.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
         problem = self._unavailable()
         if problem is None:
@@ -434,11 +442,11 @@ class Dispatcher:
                 if not fut.done():
                     fut.set_exception(problem)
 
-    def readmit(self, ep: Replica) -> None:
-        """Take an ejected endpoint back now (its owner knows it is healthy again, e.g. a
+    def readmit(self, replica: Replica) -> None:
+        """Take an ejected replica back now (its owner knows it is healthy again, e.g. a
         restarted replica), and hand it the queued attempts."""
-        ep.ejected_until = 0.0
-        ep.failures = 0
+        replica.ejected_until = 0.0
+        replica.failures = 0
         self._grant_all()
 
     # ------------------------------------------------------------------ reporting
@@ -447,7 +455,7 @@ class Dispatcher:
         now = time.monotonic()
         return [
             LaneStats(
-                url=ep.base_url,
+                url=replica.base_url,
                 model=lane.model,
                 concurrency_limit=lane.control.limit,
                 in_flight=lane.in_use,
@@ -456,28 +464,28 @@ class Dispatcher:
                 throttled=lane.throttled,
                 failed=lane.failed,
                 cuts=lane.control.cuts,
-                ejected=ep.ejected_until > now,
-                paused_s=max(0.0, ep.paused_until - now, ep.held_until - now),
-                output_tokens_estimate=ep.rates.output_tokens_estimate,
+                ejected=replica.ejected_until > now,
+                paused_s=max(0.0, replica.paused_until - now, replica.held_until - now),
+                output_tokens_estimate=replica.rates.output_tokens_estimate,
             )
-            for ep in self.endpoints
-            for lane in ep.lanes.values()
+            for replica in self.replicas
+            for lane in replica.lanes.values()
         ]
 
     def concurrency_limit(self) -> int:
-        """The sum of the current limits of the endpoints that are in (for progress reports)."""
+        """The sum of the current limits of the replicas that are in (for progress reports)."""
         now = time.monotonic()
         total = 0
-        for ep in self.endpoints:
-            if ep.ejected_until > now:
+        for replica in self.replicas:
+            if replica.ejected_until > now:
                 continue
-            if ep.lanes:
-                total += sum(lane.control.limit for lane in ep.lanes.values())
+            if replica.lanes:
+                total += sum(lane.control.limit for lane in replica.lanes.values())
             else:
-                total += AdaptiveLimit(ep.settings, ep.adaptive).limit
+                total += AdaptiveLimit(replica.settings, replica.adaptive).limit
         return total
 
     async def close(self) -> None:
-        """Close every endpoint's connections."""
-        for ep in self.endpoints:
-            await ep.pool.close()
+        """Close every replica's connections."""
+        for replica in self.replicas:
+            await replica.pool.close()

@@ -4,7 +4,7 @@ down before the quota runs out, with no ``rpm`` / ``tpm`` set by the user.
 Headers read (the first family present wins, per quota):
 
 - OpenAI (its "Rate limits" guide; also Groq, Together, vLLM routers and most gateways that copy
-  it): ``x-ratelimit-limit-requests`` / ``-tokens`` (the quota per window),
+  it): ``x-ratelimit-limit-requests`` / ``-tokens`` (the quota per period),
   ``x-ratelimit-remaining-requests`` / ``-tokens`` (what is left after this request was
   counted), ``x-ratelimit-reset-requests`` / ``-tokens`` (the time until the quota is back to its
   limit);
@@ -23,15 +23,15 @@ negative or malformed values are ignored, never fatal.
 The model: the server counts a request when it arrives and reports what remains. The freshest
 report (the answer to the request sent last) is the baseline; every request sent since then is
 subtracted from it (their answers are not back yet), so the estimate does not run ahead of the
-server. While the estimate has no room for a request, the endpoint is held until the reported
+server. While the estimate has no room for a request, the replica is held until the reported
 reset time; at the reset the remaining quota is taken to be the announced limit again, minus
 what is sent from then on, until the next report arrives. A server whose quota refills
 gradually (OpenAI's) is used at its rate either way: holding until it is full and then sending
-a burst of the limit averages out to the limit per window. A token quota is counted with this
+a burst of the limit averages out to the limit per period. A token quota is counted with this
 client's estimate of each request (no tokenizer), scaled by what the server really counts, learned
 from how far ``remaining`` falls between two reports. With no reset announced, one
 request at a time goes to learn where the quota stands, and a refusal's ``Retry-After`` holds
-the endpoint until then.
+the replica until then.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ __all__ = ["HeaderQuota", "announces_quota", "parse_duration", "parse_reset"]
 
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_MAX_DURATION_S = 7 * 86400.0  # a week: anything longer is not a rate-limit window
+_MAX_DURATION_S = 7 * 86400.0  # a week: anything longer is not a rate-limit period
 
 
 def parse_duration(value: str | None) -> float | None:
@@ -141,7 +141,7 @@ class _Dimension:
     sent: float = 0.0
     active: bool = False
     # what the server counts per unit this client counts (tokens: the server's count over our
-    # estimate, learned from how far ``remaining`` falls between two reports of one window)
+    # estimate, learned from how far ``remaining`` falls between two reports of one period)
     scale: float = 1.0
     report: tuple[float, float] | None = None  # (mark, remaining) of the last report taken
     counted: float = 0.0  # decayed sums of the server's count and ours, for ``scale``
@@ -175,7 +175,7 @@ class _Dimension:
             return
         previous, self.report = self.report, (mark, remaining) if remaining > 0 else None
         if previous is None or mark <= previous[0] or not 0 < remaining <= previous[1]:
-            # the first report, the window refilled in between, or the quota is at zero (then
+            # the first report, the quota refilled in between, or the quota is at zero (then
             # requests are refused, and the server does not count them: they would skew it)
             return
         self.counted = 0.9 * self.counted + (previous[1] - remaining)
@@ -185,7 +185,7 @@ class _Dimension:
 
     def available(self, now: float) -> float:
         """What is left for this client now, in the server's units."""
-        if now >= self.reset_at:  # the window turned over: back to the limit from here on
+        if now >= self.reset_at:  # the period turned over: back to the limit from here on
             self.remaining = self.limit if self.limit is not None else math.inf
             self.base = self.seen_mark = self.sent
             self.reset_at = math.inf
@@ -195,7 +195,7 @@ class _Dimension:
 
 @dataclass
 class HeaderQuota:
-    """The announced request and token quotas of one endpoint. Inactive (free) until an
+    """The announced request and token quotas of one replica. Inactive (free) until an
     answer carries the headers. ``max_hold_s``: the longest hold (seconds; the longest
     ``Retry-After`` honoured), after which requests go and find out."""
 

@@ -1,4 +1,4 @@
-"""Requests-per-minute and tokens-per-minute limits of one endpoint (aiolimiter leaky buckets).
+"""Requests-per-minute and tokens-per-minute limits of one replica (aiolimiter leaky buckets).
 
 - ``rpm``: each request takes 1 from a bucket of ``rpm`` per ``period_s``.
 - ``tpm``: each request takes its estimated token cost before it is sent (the prompt's
@@ -8,7 +8,7 @@
   real ``usage.total_tokens`` afterwards (as curator does: curator #401, #300). No tokenizer
   here: the estimate is charged on the hot path of every request, and the answer corrects it.
 - The buckets start full; one request never takes more than the whole budget, so it cannot wait
-  forever. They live on the endpoint, so every call and every job of one client shares them
+  forever. They live on the replica, so every call and every job of one client shares them
   (litellm #5783, #10875).
 
 Details and defaults: ``docs/remote.md`` ("Rate limits").
@@ -26,7 +26,7 @@ __all__ = ["RateBuckets"]
 
 
 class RateBuckets:
-    """The rpm/tpm buckets of one endpoint (either may be None) and the learned output size."""
+    """The rpm/tpm buckets of one replica (either may be None) and the learned output size."""
 
     def __init__(
         self,

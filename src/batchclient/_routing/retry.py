@@ -7,8 +7,8 @@
 - Wait: the server's ``retry-after-ms`` (Azure OpenAI; milliseconds, preferred as the openai SDK
   does) or ``Retry-After`` (seconds or an HTTP date), capped at ``retry_after_cap_s``, plus up to
   10 % jitter when given; otherwise exponential backoff with jitter (tenacity's
-  ``wait_exponential_jitter``). Only that request waits; the endpoint is paused as well when
-  the throttling is endpoint-wide (``dispatch``).
+  ``wait_exponential_jitter``). Only that request waits; the replica is paused as well when
+  the throttling is replica-wide (``dispatch``).
 - The first attempt runs outside tenacity (one ``AsyncRetrying`` per request costs about as much
   as the HTTP call on an instant server); only a request that failed once enters it.
 - A request that runs out of attempts reports its last failure: a 429 stays ``rate_limited``
@@ -32,25 +32,25 @@ if TYPE_CHECKING:
     from .._core.request import Result
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
-# Throttles: they cap or cut the adaptive concurrency limit (and pause the endpoint when most
+# Throttles: they cap or cut the adaptive concurrency limit (and pause the replica when most
 # answers are throttles and they carry Retry-After). 429 is a rate limit whatever its body says
 # (openai-cookbook PRs #1050, #1254: checks of the body text that
 # never fired); 503 and 529 are how servers say "overloaded" (vLLM, Anthropic).
 THROTTLE_STATUS = frozenset({429, 503, 529})
-# Server failures: repeated ones eject the endpoint (its requests go to the other replicas).
+# Server failures: repeated ones eject the replica (its requests go to the other replicas).
 EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})
 
 
 class RetryableFailure(Exception):
     """One failed attempt that may be retried: carries the result to report if it is the last,
-    the server's ``Retry-After`` in seconds (already capped), if any, and the endpoint that
+    the server's ``Retry-After`` in seconds (already capped), if any, and the replica that
     failed, which the retry avoids when another is available."""
 
-    def __init__(self, result: Result, retry_after_s: float | None = None, *, endpoint: Any = None):
+    def __init__(self, result: Result, retry_after_s: float | None = None, *, replica: Any = None):
         super().__init__(result.error.message if result.error else "retryable failure")
         self.result = result
         self.retry_after_s = retry_after_s
-        self.endpoint = endpoint
+        self.replica = replica
 
 
 def parse_retry_after(value: str | None, *, cap_s: float, now: float | None = None) -> float | None:

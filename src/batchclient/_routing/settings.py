@@ -24,7 +24,7 @@ PREFIX_AFFINITY = Option(
 
 @dataclass(frozen=True)
 class AdaptiveConcurrency:
-    """The adaptive in-flight limit of each (endpoint, model): it starts at ``initial``, grows
+    """The adaptive in-flight limit of each (replica, model): it starts at ``initial``, grows
     while requests succeed and, on 429/503/529, is set to the capacity the server showed (what it
     was serving when it refused) or cut, within ``[minimum, max_concurrency]``.
 

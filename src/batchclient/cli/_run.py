@@ -80,7 +80,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--completion-window",
         default=None,
         help=f"how long the job may run, e.g. 24h, 30m (default {COMPLETION_WINDOW}; batch-api: "
-        "also its remote batches' window)",
+        "also its remote batches' completion window)",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     dry = p.add_argument_group("dry run")

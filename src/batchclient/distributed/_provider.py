@@ -33,7 +33,7 @@ from .._core.tokens import Tokenizer
 from .._cpu import affinity
 from .._options import document, split
 from .._routing.adaptive import AdaptiveSettings
-from .._routing.dispatch import Dispatcher, EndpointUnavailable, Replica
+from .._routing.dispatch import Dispatcher, Replica, ReplicasUnavailable
 from .._routing.rates import RateBuckets
 from ..errors import (
     BatchClientError,
@@ -221,7 +221,7 @@ class RayProvider(Provider):
         options.update(
             max_restarts=self.max_restarts,
             max_task_retries=0,  # we re-send ourselves, to another replica
-            max_concurrency=self.max_concurrency + 16,  # the engine's window and a few probes
+            max_concurrency=self.max_concurrency + 16,  # the engine's requests and a few probes
         )
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
@@ -244,11 +244,11 @@ class RayProvider(Provider):
         settings = AdaptiveSettings(
             initial=self.max_concurrency, minimum=1, maximum=self.max_concurrency
         )
-        endpoints = [
+        replicas = [
             Replica(f"ray-replica-{h.index}", h, RateBuckets(None, None), settings, False)
             for h in self.handles
         ]
-        return Dispatcher(endpoints, eject_after=1, eject_s=_EJECTED_S)
+        return Dispatcher(replicas, eject_after=1, eject_s=_EJECTED_S)
 
     @property
     def attached(self) -> AttachedReplicas:
@@ -297,7 +297,7 @@ class RayProvider(Provider):
                 self._owns_ray = False
                 await anyio.to_thread.run_sync(ray.shutdown)
 
-    def window(self) -> int:
+    def max_in_flight(self) -> int:
         return self.max_concurrency * self.replicas
 
     def concurrency_limit(self) -> int | None:
@@ -345,7 +345,7 @@ class RayProvider(Provider):
         """The replicas' actors, those in service first (an ejected one may be restarting)."""
         now = time.monotonic()
         dispatcher = self._dispatcher
-        replicas = [] if dispatcher is None else dispatcher.endpoints
+        replicas = [] if dispatcher is None else dispatcher.replicas
         ready = [_handle(r) for r in replicas if r.ejected_until <= now]
         return [h.actor for h in ready] + [h.actor for h in self.handles if h not in ready]
 
@@ -358,19 +358,17 @@ class RayProvider(Provider):
         avoid: Replica | None = None
         # the shared prefix's key: requests that share one go to the replica whose prefix
         # cache holds it, while it has room (``_routing/dispatch.py``)
-        key = (
-            prefix_key(request) if self.prefix_affinity and len(dispatcher.endpoints) > 1 else None
-        )
+        key = prefix_key(request) if self.prefix_affinity and len(dispatcher.replicas) > 1 else None
         while True:
             lane = dispatcher.try_acquire(_LANE, avoid, key=key)
             if lane is None:
                 try:
                     lane = await dispatcher.acquire(_LANE, avoid, key=key)
-                except EndpointUnavailable as exc:
+                except ReplicasUnavailable as exc:
                     if not await self._wait_for_a_replica():
                         return failed(ErrorCode.endpoint_unavailable, str(exc))
                     continue
-            replica = lane.endpoint
+            replica = lane.replica
             handle = _handle(replica)
             lane.sent += 1
             sent_at = time.monotonic()
@@ -467,7 +465,7 @@ class RayProvider(Provider):
             if scope.cancelled_caught:
                 return False
             if self._dispatcher is not None and any(
-                ep.ejected_until <= time.monotonic() for ep in self._dispatcher.endpoints
+                replica.ejected_until <= time.monotonic() for replica in self._dispatcher.replicas
             ):
                 return True
         return False

@@ -246,7 +246,7 @@ class VLLMProvider(Provider):
         None on GPUs or before start), e.g. ``"0-1"``."""
         return None if self._engine is None else self._engine.binding
 
-    def window(self) -> int:
+    def max_in_flight(self) -> int:
         return self.max_concurrency
 
     def concurrency_limit(self) -> int | None:

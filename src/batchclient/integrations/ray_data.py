@@ -114,7 +114,7 @@ class ChatPredictor:
         await run_requests(
             self._provider.execute,
             (request for _, request in requests),
-            window=self._provider.window(),
+            max_in_flight=self._provider.max_in_flight(),
             on_result=on_result,
         )
         return [o if o is not None else {**r, **_error_columns("internal_error", "no result")}

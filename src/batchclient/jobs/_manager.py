@@ -406,7 +406,7 @@ class JobManager:
                 "completion_window": completion_window,
                 "status": "validating",
                 "created_at": int(created),
-                # rounded up: whole seconds (OpenAI's unit) never shorten the window
+                # rounded up: whole seconds (OpenAI's unit) never shorten the completion window
                 "expires_at": math.ceil(created + window_s),
                 "metadata": json.dumps(metadata) if metadata else None,
                 "identity": self._identity,
@@ -719,7 +719,7 @@ class Batches:
         Raises:
             FileNotFoundInStoreError: unknown ``input_file_id``.
             JobNotFoundError: unknown ``reuse_results_from``.
-            ConfigurationError: bad window or metadata, a file that is not ``batch``, an
+            ConfigurationError: bad completion window or metadata, a file that is not ``batch``, an
                 endpoint the provider does not serve, or a ``reuse_results_from`` batch over
                 other content.
         """

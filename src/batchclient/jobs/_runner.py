@@ -1,12 +1,12 @@
 """One job's life in the background: validating -> in_progress -> finalizing -> completed (or
 failed, cancelled, expired), through the same primitive as ``batch_chat_completion``:
-``run_requests(provider.execute, <requests read lazily from the input file>, window,
+``run_requests(provider.execute, <requests read lazily from the input file>, max_in_flight,
 on_result)``.
 
 Durability: a worker hands its result to :class:`GroupCommit` and waits until the SQLite
 transaction holding it has committed before it takes the next request. So a request is either
-durable or still counted in the in-flight window, and a crash re-sends at most ``window``
-requests on resume. Results that complete while a commit runs are committed together (group
+durable or still in flight, and a crash re-sends at most ``provider.max_in_flight()`` requests
+on resume. Results that complete while a commit runs are committed together (group
 commit), so the write rate follows the result rate without one transaction per result.
 
 Identical deterministic lines are sent once (:mod:`._plan`): the lines merged into a sent one
@@ -30,7 +30,7 @@ import anyio.lowlevel
 from anyio import to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from .._core.lanes import batch_lane
+from .._core.flows import batch_flow
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scheduler import run_requests
@@ -227,7 +227,7 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
         await finalize(store, job_id, "cancelled")
     elif running.scope.cancelled_caught and row.completed + row.failed < row.total:
         await finalize(store, job_id, "expired")
-    else:  # every line has its result (also when the window closed just after the last)
+    else:  # every line has its result (also when the completion window closed after the last)
         await finalize(store, job_id, "completed")
 
 
@@ -306,9 +306,12 @@ async def run_unfinished(store: Store, provider: Provider, job_id: str, row: Any
         await writer.put(rows)
 
     try:
-        with batch_lane(job_id, row.metadata):  # a server's fair gate orders by it
+        with batch_flow(job_id, row.metadata):  # a server's fair gate orders by it
             await run_requests(
-                provider.execute, source, window=provider.window(), on_result=on_result
+                provider.execute,
+                source,
+                max_in_flight=provider.max_in_flight(),
+                on_result=on_result,
             )
     finally:
         try:

@@ -1,7 +1,8 @@
-"""The remote fan-out provider: OpenAI-compatible endpoints over HTTP (aiohttp).
+"""The remote fan-out provider: OpenAI-compatible servers (one or several replicas) over HTTP
+(aiohttp).
 
 ``docs/remote.md`` explains the knobs and algorithms (the transport and its options, adaptive
-concurrency, throttling and announced quotas, rpm/tpm, many endpoints).
+concurrency, throttling and announced quotas, rpm/tpm, many replicas).
 """
 
 from .._routing.dispatch import LaneStats
@@ -9,7 +10,7 @@ from .._routing.settings import AdaptiveConcurrency, Ejection, RateLimits, Retry
 from ._client import RemoteBatchInference, RemoteProvider
 from ._options import RemoteOptions
 from ._settings import HttpOptions, Timeouts
-from ._setup import RemoteEndpoint
+from ._setup import RemoteReplica
 
 __all__ = [
     "AdaptiveConcurrency",
@@ -18,9 +19,9 @@ __all__ = [
     "LaneStats",
     "RateLimits",
     "RemoteBatchInference",
-    "RemoteEndpoint",
     "RemoteOptions",
     "RemoteProvider",
+    "RemoteReplica",
     "RetryPolicy",
     "Timeouts",
 ]

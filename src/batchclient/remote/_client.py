@@ -1,4 +1,4 @@
-"""``RemoteProvider``: fan-out to one or more OpenAI-compatible endpoints, and
+"""``RemoteProvider``: fan-out to one or more OpenAI-compatible servers (replicas), and
 ``RemoteBatchInference``, the client over it.
 
 One ``POST {base_url}{path}`` per request, the path from the request's endpoint
@@ -31,7 +31,7 @@ from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import Tokenizer
 from .._options import document, resolve
-from .._routing.dispatch import Dispatcher, EndpointUnavailable, Lane, LaneStats, Replica
+from .._routing.dispatch import Dispatcher, Lane, LaneStats, Replica, ReplicasUnavailable
 from .._routing.quota import announces_quota
 from .._routing.retry import (
     EJECTING_STATUS,
@@ -47,13 +47,13 @@ from ..types import Endpoint
 from ._embed_groups import EmbeddingGroups
 from ._identity import public_url, served_model_facts
 from ._options import RemoteOptions
-from ._setup import RemoteEndpoint, build_dispatcher, check_settings
+from ._setup import RemoteReplica, build_dispatcher, check_settings
 from ._structured import VllmProbe
 from ._tokenize import find_tokenizer
 from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
 from ._urls import Redactor
 
-__all__ = ["RemoteBatchInference", "RemoteEndpoint", "RemoteProvider"]
+__all__ = ["RemoteBatchInference", "RemoteProvider", "RemoteReplica"]
 
 # Answers larger than this are parsed in a worker thread, so the event loop keeps serving the
 # other requests meanwhile (orjson reads about 1 GB/s: 4 MiB is a few milliseconds).
@@ -61,7 +61,7 @@ _THREAD_PARSE_BYTES = 4 << 20
 
 _PATHS = {endpoint: endpoint.path for endpoint in Endpoint}  # looked up once per request
 
-BaseUrl = str | RemoteEndpoint | Sequence[str | RemoteEndpoint]
+BaseUrl = str | RemoteReplica | Sequence[str | RemoteReplica]
 """One API root (``.../v1``), or a list of replicas serving the same models."""
 
 
@@ -74,7 +74,7 @@ class RemoteBatchInference(BatchClient):
     Args (every one after ``base_url`` keyword-only; the options below are
     :class:`RemoteOptions`, the provider's):
         base_url: the API root (e.g. ``http://127.0.0.1:8000/v1``), or a list of replicas
-            serving the same models (URLs or :class:`RemoteEndpoint`); each request goes to the
+            serving the same models (URLs or :class:`RemoteReplica`); each request goes to the
             least-loaded healthy one. A query string in it (Azure OpenAI's
             ``?api-version=...``) is sent on every path; ``user:password@`` becomes Basic auth
             and is never stored or shown.
@@ -111,11 +111,11 @@ class RemoteBatchInference(BatchClient):
         """The first replica's API root as shown (no trailing slash, userinfo or query)."""
         return self.provider.base_url
 
-    def endpoint_stats(self) -> list[LaneStats]:
+    def replica_stats(self) -> list[LaneStats]:
         """Per (replica, model) lane: current concurrency limit, requests sent, successes,
         throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
         learned output-token estimate."""
-        return self.provider.endpoint_stats()
+        return self.provider.replica_stats()
 
 
 class RemoteProvider(Provider):
@@ -133,11 +133,11 @@ class RemoteProvider(Provider):
         if type(size) is not int or size < 1:
             raise ConfigurationError(f"embedding_group_size must be an int >= 1, not {size!r}")
         check_settings(o)
-        urls = [base_url] if isinstance(base_url, str | RemoteEndpoint) else list(base_url)
+        urls = [base_url] if isinstance(base_url, str | RemoteReplica) else list(base_url)
         if not urls:
             raise ConfigurationError("base_url: give at least one replica")
-        self.endpoints_given = [
-            u if isinstance(u, RemoteEndpoint) else RemoteEndpoint(u) for u in urls
+        self.replicas_given = [
+            u if isinstance(u, RemoteReplica) else RemoteReplica(u) for u in urls
         ]
         self.max_concurrency = o["max_concurrency"]
         self.max_retries = o["max_retries"]
@@ -156,11 +156,11 @@ class RemoteProvider(Provider):
         self._embedding_groups = EmbeddingGroups(size, self._send_embeddings)
 
         def build() -> Dispatcher:
-            return build_dispatcher(self.endpoints_given, api_key=api_key, options=o)
+            return build_dispatcher(self.replicas_given, api_key=api_key, options=o)
 
         self._build = build
         self._dispatcher = build()  # checks every setting now, before any connection
-        self.base_url = self._dispatcher.endpoints[0].base_url
+        self.base_url = self._dispatcher.replicas[0].base_url
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,8 +171,8 @@ class RemoteProvider(Provider):
     async def stop(self) -> None:
         await self._dispatcher.close()
 
-    def window(self) -> int:
-        return sum(ep.settings.maximum for ep in self._dispatcher.endpoints)
+    def max_in_flight(self) -> int:
+        return sum(replica.settings.maximum for replica in self._dispatcher.replicas)
 
     def identity(self) -> dict[str, Any]:
         return {"provider": "remote", "base_url": self.base_url}
@@ -186,7 +186,7 @@ class RemoteProvider(Provider):
         card = (cards or {}).get(model)
         return {
             "provider": "remote",
-            "base_urls": sorted({public_url(e.url) for e in self.endpoints_given}),
+            "base_urls": sorted({public_url(e.url) for e in self.replicas_given}),
             "model": model,
             "served": None if card is None else served_model_facts(card),
         }
@@ -203,7 +203,7 @@ class RemoteProvider(Provider):
     def concurrency_limit(self) -> int | None:
         return self._dispatcher.concurrency_limit()
 
-    def endpoint_stats(self) -> list[LaneStats]:
+    def replica_stats(self) -> list[LaneStats]:
         """Per (replica, model) lane: current concurrency limit, requests sent, successes,
         throttles (429/503/529 answers), failures, limit cuts, ejected/paused state and the
         learned output-token estimate."""
@@ -215,7 +215,7 @@ class RemoteProvider(Provider):
         if not self._check_models or model in self._known_models:
             return
         listed = await self._list_models()
-        if listed is None:  # the endpoint cannot list models: let each request find out
+        if listed is None:  # no replica can list models: let each request find out
             self._known_models[model] = True
             return
         if model not in listed:
@@ -223,20 +223,22 @@ class RemoteProvider(Provider):
         self._known_models[model] = True
 
     async def models(self) -> list[str]:
-        """The models the first endpoint that can list them lists (``GET /models``), sorted;
+        """The models the first replica that can list them lists (``GET /models``), sorted;
         empty when none can."""
         return sorted(await self._list_models() or ())
 
     async def _list_models(self) -> set[str] | None:
-        """The models of the first endpoint that answers ``GET /models``, else None."""
+        """The models of the first replica that answers ``GET /models``, else None."""
         cards = await self._model_cards()
         return None if cards is None else set(cards)
 
     async def _model_cards(self) -> dict[str, dict[str, Any]] | None:
-        """``{id: model object}`` from the first endpoint that answers ``GET /models``."""
-        for ep in self._dispatcher.endpoints:
+        """``{id: model object}`` from the first replica that answers ``GET /models``."""
+        for replica in self._dispatcher.replicas:
             try:
-                resp = await ep.pool.request("GET", "/models", timeout=self.timeouts.list_models_s)
+                resp = await replica.pool.request(
+                    "GET", "/models", timeout=self.timeouts.list_models_s
+                )
                 data = load_json(resp.body) if resp.status == 200 else None
             except (HttpError, HttpTimeout, ResponseTooLarge, ValueError):
                 continue
@@ -258,7 +260,7 @@ class RemoteProvider(Provider):
         made = await find_tokenizer(
             self._tokenizer_path,
             model,
-            self._dispatcher.endpoints[0],
+            self._dispatcher.replicas[0],
             entries,
             self.timeouts.list_models_s,
         )
@@ -277,7 +279,7 @@ class RemoteProvider(Provider):
             except ToolRefusal as refusal:
                 return failed(refusal.code, refusal.message, status_code=400, param=refusal.param)
         if body.get("structured_outputs") is not None:
-            refused = await self._vllm_probe.grammar_refusal(self._dispatcher.endpoints)
+            refused = await self._vllm_probe.grammar_refusal(self._dispatcher.replicas)
             if refused is not None:
                 return refused
         if request.score_span is not None and await self._all_vllm():
@@ -289,10 +291,10 @@ class RemoteProvider(Provider):
         model = str(body.get("model"))
         data = orjson.dumps(body)
         path = _PATHS[endpoint]  # below the API root: "/v1/chat/completions" -> "/chat/..."
-        # the shared prefix's key, for replica affinity (one endpoint: nothing to choose)
+        # the shared prefix's key, for replica affinity (one replica: nothing to choose)
         key = (
             prefix_key(request)
-            if self.prefix_affinity and len(self._dispatcher.endpoints) > 1
+            if self.prefix_affinity and len(self._dispatcher.replicas) > 1
             else None
         )
         try:  # the fast path: one attempt, no retry machinery
@@ -316,8 +318,8 @@ class RemoteProvider(Provider):
             return await self._retry(model, path, body, data, endpoint, first)
 
     async def _all_vllm(self) -> bool:
-        for endpoint in self._dispatcher.endpoints:
-            if not await self._vllm_probe.is_vllm(endpoint):
+        for replica in self._dispatcher.replicas:
+            if not await self._vllm_probe.is_vllm(replica):
                 return False
         return True
 
@@ -332,7 +334,7 @@ class RemoteProvider(Provider):
         key: int | None = None,
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
-        avoid = first.endpoint
+        avoid = first.replica
         told_when = _told_when(first)  # the server said when to retry: pauses do not hold it
         attempts = 1
         retrying = AsyncRetrying(
@@ -352,7 +354,7 @@ class RemoteProvider(Provider):
                             model, path, body, data, endpoint, avoid, told_when, key=key
                         )
                     except RetryableFailure as again:
-                        avoid = again.endpoint or avoid
+                        avoid = again.replica or avoid
                         told_when = _told_when(again)
                         raise
                     result.attempts = attempts
@@ -381,35 +383,35 @@ class RemoteProvider(Provider):
         if lane is None:
             try:
                 lane = await dispatcher.acquire(model, avoid, past_pause, key)
-            except EndpointUnavailable as exc:
+            except ReplicasUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
                 raise RetryableFailure(
                     result, min(exc.wait_s, self.retry.retry_after_cap_s)
                 ) from None
-        ep = lane.endpoint
+        replica = lane.replica
         marks = None
         try:
-            rates = ep.rates
+            rates = replica.rates
             # always estimated: a token quota may be announced by any answer, and the requests
             # already on their way must count against it then
             cost = rates.estimate(body)
             if rates.active:
                 await rates.acquire(cost)  # before the clock starts: queueing is not sending
-            marks = ep.quota.on_send(cost)
+            marks = replica.quota.on_send(cost)
             sent_at = time.monotonic()
             token = lane.sending(sent_at)
             try:
-                resp = await ep.pool.request("POST", path, data, timeout=self.timeout_s)
+                resp = await replica.pool.request("POST", path, data, timeout=self.timeout_s)
             except HttpTimeout:
                 dispatcher.on_failure(lane, "timeout", connection=False)
                 msg = f"no answer within {self.timeout_s:g} s of sending"
-                raise RetryableFailure(failed(ErrorCode.timeout, msg), endpoint=ep) from None
+                raise RetryableFailure(failed(ErrorCode.timeout, msg), replica=replica) from None
             except HttpError as exc:
                 dispatcher.on_failure(lane, str(exc), connection=True)
-                result = failed(ErrorCode.connection_error, f"{ep.base_url}: {exc}")
-                raise RetryableFailure(result, endpoint=ep) from None
+                result = failed(ErrorCode.connection_error, f"{replica.base_url}: {exc}")
+                raise RetryableFailure(result, replica=replica) from None
             except ResponseTooLarge as exc:  # the same answer again on a retry: not retried
-                return failed(ErrorCode.response_too_large, f"{ep.base_url}: {exc}")
+                return failed(ErrorCode.response_too_large, f"{replica.base_url}: {exc}")
             parsed: Any = None
             if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
@@ -418,7 +420,7 @@ class RemoteProvider(Provider):
             if marks is not None:
                 lane.landed(token)
             if marks is None:  # given back unsent (cancelled while waiting for the buckets)
-                ep.quota.unreserve()
+                replica.quota.unreserve()
             dispatcher.release(lane)
 
     def _outcome(
@@ -433,33 +435,35 @@ class RemoteProvider(Provider):
     ) -> Result:
         now = time.monotonic()
         status, headers, raw = resp.status, resp.headers, resp.body
-        ep = lane.endpoint
-        quota_zero = ep.quota.observe(headers, marks, now) if announces_quota(headers) else False
+        replica = lane.replica
+        quota_zero = (
+            replica.quota.observe(headers, marks, now) if announces_quota(headers) else False
+        )
         request_id = headers.get("x-request-id")
         dispatcher = self._dispatcher
         if 200 <= status < 300:
-            result = _parse_success(status, raw, parsed, ep.pool.redactor, endpoint)
+            result = _parse_success(status, raw, parsed, replica.pool.redactor, endpoint)
             if result.error is None:
                 dispatcher.on_success(lane, sent_at)
-                rates = ep.rates
+                rates = replica.rates
                 if rates.active or result.body:
                     rates.settle(cost, (result.body or {}).get("usage"))
             result.latency_s = now - sent_at
             result.request_id = request_id
             return result
-        result = http_error(status, ep.pool.redactor.raw(raw))
+        result = http_error(status, replica.pool.redactor.raw(raw))
         result.latency_s = now - sent_at
         result.request_id = request_id
         if status in THROTTLE_STATUS:
             cap = self.retry.retry_after_cap_s
             wait = retry_after_of(headers, cap_s=cap)
-            if wait is None and quota_zero and ep.quota.reset_in(now) is not None:
-                wait = min(cap, ep.quota.reset_in(now) or 0.0)
+            if wait is None and quota_zero and replica.quota.reset_in(now) is not None:
+                wait = min(cap, replica.quota.reset_in(now) or 0.0)
             dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
             raise RetryableFailure(result, wait)
         if status in EJECTING_STATUS:
             dispatcher.on_failure(lane, f"HTTP {status}", connection=False)
-            raise RetryableFailure(result, endpoint=ep)
+            raise RetryableFailure(result, replica=replica)
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result

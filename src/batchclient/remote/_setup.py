@@ -1,6 +1,6 @@
 """Building the remote provider's parts from its arguments, every check made before any
 connection: TLS settings, headers and secrets, one transport, rate buckets and adaptive limit
-per endpoint, and the dispatcher over them."""
+per replica, and the dispatcher over them."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ._urls import (
 
 __all__ = [
     "USER_AGENT",
-    "RemoteEndpoint",
+    "RemoteReplica",
     "Verify",
     "build_dispatcher",
     "check_settings",
@@ -40,11 +40,11 @@ USER_AGENT = f"batchclient/{__version__}"
 
 
 @dataclass(frozen=True)
-class RemoteEndpoint:
+class RemoteReplica:
     """One replica with its own limits; a plain URL string in ``base_url`` means "the client's
     defaults". ``url`` is the API root (``.../v1``); ``max_concurrency`` (requests in flight
     per model), ``rpm`` (requests per minute) and ``tpm`` (tokens per minute) override the
-    client's values for this endpoint; None keeps them."""
+    client's values for this replica; None keeps them."""
 
     url: str
     max_concurrency: int | None = None
@@ -113,9 +113,9 @@ def tls_settings(verify: Verify, http: HttpOptions) -> ssl.SSLContext | bool:
 
 
 def build_dispatcher(
-    endpoints: Sequence[RemoteEndpoint], *, api_key: str | None, options: RemoteOptions
+    replicas: Sequence[RemoteReplica], *, api_key: str | None, options: RemoteOptions
 ) -> Dispatcher:
-    """Every endpoint's transport, buckets and limits, from the resolved ``options``. Raises
+    """Every replica's transport, buckets and limits, from the resolved ``options``. Raises
     ``ConfigurationError`` for any bad argument (the URL shown without its userinfo; a header
     named, never its value)."""
     http, timeouts, rate_limits = options["http"], options["timeouts"], options["rate_limits"]
@@ -129,7 +129,7 @@ def build_dispatcher(
         AdaptiveConcurrency() if not isinstance(adaptive, AdaptiveConcurrency) else adaptive
     )
     built = []
-    for spec in endpoints:
+    for spec in replicas:
         address = parse_address(spec.url, options["default_query"])
         fixed = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **extra}
         if address.basic_auth is not None:

@@ -3,12 +3,12 @@
 - **Grammars** travel in vLLM's own request field (``structured_outputs: {"grammar": ...}``),
   which other OpenAI-compatible servers ignore or refuse. Ignoring it would return an
   unconstrained answer as if it were constrained (crmne/ruby_llm #894), so a body with
-  ``structured_outputs`` is only sent when every endpoint is a vLLM server; otherwise the item
+  ``structured_outputs`` is only sent when every replica is a vLLM server; otherwise the item
   is refused with ``unsupported_parameter`` naming ``response_format``.
-- **How an endpoint is known to be vLLM**: ``GET {base_url}/models``, whose entries vLLM's
+- **How a replica is known to be vLLM**: ``GET {base_url}/models``, whose entries vLLM's
   server marks ``"owned_by": "vllm"`` (``vllm/entrypoints/openai/models/serving.py``), asked
-  once per endpoint and cached for the client's life (``/models`` is the route every
-  OpenAI-compatible server has). An endpoint that cannot be reached is asked again next time,
+  once per replica and cached for the client's life (``/models`` is the route every
+  OpenAI-compatible server has). A replica that cannot be reached is asked again next time,
   not cached, and the item is sent (its own request then fails or succeeds on its merits).
 """
 
@@ -26,34 +26,34 @@ from ._transport import HttpError, HttpTimeout, ResponseTooLarge
 
 
 class VllmProbe:
-    """Whether endpoints are vLLM servers, asked once per endpoint (see the module doc)."""
+    """Whether replicas are vLLM servers, asked once per replica (see the module doc)."""
 
     def __init__(self, timeout_s: float = 10.0) -> None:
         self._timeout_s = timeout_s
         self._known: dict[str, bool] = {}
         self._lock = anyio.Lock()
 
-    async def is_vllm(self, endpoint: Replica) -> bool | None:
-        """True/False once known; None when the endpoint could not be asked (not cached)."""
-        if endpoint.base_url in self._known:
-            return self._known[endpoint.base_url]
-        async with self._lock:  # one probe per endpoint, however many items wait on it
-            if endpoint.base_url in self._known:
-                return self._known[endpoint.base_url]
+    async def is_vllm(self, replica: Replica) -> bool | None:
+        """True/False once known; None when the replica could not be asked (not cached)."""
+        if replica.base_url in self._known:
+            return self._known[replica.base_url]
+        async with self._lock:  # one probe per replica, however many items wait on it
+            if replica.base_url in self._known:
+                return self._known[replica.base_url]
             try:
-                resp = await endpoint.pool.request("GET", "/models", timeout=self._timeout_s)
+                resp = await replica.pool.request("GET", "/models", timeout=self._timeout_s)
             except (HttpError, HttpTimeout, ResponseTooLarge):
                 return None
             verdict = resp.status == 200 and _owned_by_vllm(resp.body)
-            self._known[endpoint.base_url] = verdict
+            self._known[replica.base_url] = verdict
             return verdict
 
-    async def grammar_refusal(self, endpoints: Sequence[Replica]) -> Result | None:
-        """None when every endpoint is (or may be) vLLM; else the item's refusal."""
+    async def grammar_refusal(self, replicas: Sequence[Replica]) -> Result | None:
+        """None when every replica is (or may be) vLLM; else the item's refusal."""
         others = []
-        for endpoint in endpoints:
-            if await self.is_vllm(endpoint) is False:
-                others.append(endpoint.base_url)
+        for replica in replicas:
+            if await self.is_vllm(replica) is False:
+                others.append(replica.base_url)
         if not others:
             return None
         return failed(

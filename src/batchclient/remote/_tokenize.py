@@ -63,8 +63,8 @@ def local_tokenizer(path: str | os.PathLike[str], max_model_len: int | None) -> 
 class ServerTokenizer(Tokenizer):
     """A server's ``/tokenize`` (and ``/tokenizer_info``) route, for one model."""
 
-    def __init__(self, endpoint: Replica, model: str, timeout_s: float) -> None:
-        self._endpoint = endpoint
+    def __init__(self, replica: Replica, model: str, timeout_s: float) -> None:
+        self._replica = replica
         self._model = model
         self._timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(_CONCURRENT_TOKENIZE)
@@ -73,7 +73,7 @@ class ServerTokenizer(Tokenizer):
 
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         # /tokenize lives next to /v1, not under it
-        resp = await self._endpoint.pool.request(
+        resp = await self._replica.pool.request(
             "POST", path, orjson.dumps(body), timeout=self._timeout_s, root=True
         )
         try:
@@ -141,7 +141,7 @@ class ServerTokenizer(Tokenizer):
 
     async def _special_tokens(self) -> tuple[str | None, int | None, int | None]:
         try:
-            resp = await self._endpoint.pool.request(
+            resp = await self._replica.pool.request(
                 "GET", "/tokenizer_info", timeout=self._timeout_s, root=True
             )
             config = orjson.loads(resp.body) if resp.status == 200 else None
@@ -169,18 +169,18 @@ def _token_text(value: Any) -> str | None:
 async def find_tokenizer(
     path: str | os.PathLike[str] | None,
     model: str,
-    endpoint: Replica,
+    replica: Replica,
     model_entries: list[dict[str, Any]] | None,
     timeout_s: float,
 ) -> Tokenizer:
     """The tokenizer for ``model``: the local folder ``path`` (its context length from the
-    ``GET /models`` entries), else ``endpoint``'s ``/tokenize`` route. Raises
+    ``GET /models`` entries), else ``replica``'s ``/tokenize`` route. Raises
     ``ConfigurationError`` when neither is available."""
     if path is not None:
         lengths = [e.get("max_model_len") for e in model_entries or () if e.get("id") == model]
         limit = lengths[0] if lengths and isinstance(lengths[0], int) else None
         return await anyio.to_thread.run_sync(local_tokenizer, path, limit)
-    server = ServerTokenizer(endpoint, model, timeout_s)
+    server = ServerTokenizer(replica, model, timeout_s)
     if not await server.probe():
-        raise ConfigurationError(f"{NO_TOKENIZER} ({endpoint.base_url} has no /tokenize)")
+        raise ConfigurationError(f"{NO_TOKENIZER} ({replica.base_url} has no /tokenize)")
     return server

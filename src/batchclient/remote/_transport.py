@@ -1,7 +1,7 @@
-"""The HTTP transport of one endpoint: an aiohttp ``ClientSession`` (its C parser, llhttp) with
+"""The HTTP transport of one replica: an aiohttp ``ClientSession`` (its C parser, llhttp) with
 keep-alive connections, behind one call, :meth:`Transport.request`.
 
-- **One session per endpoint**, opened in the event loop on first use. No connection limit of
+- **One session per replica**, opened in the event loop on first use. No connection limit of
   its own (the dispatcher is the only queue, so a request's timeout starts when it is sent), no
   cookies, no redirects (a 3xx is the item's error: following one would turn a POST into a GET),
   idle connections closed after ``keepalive_expiry_s`` (a NAT or load balancer that silently
@@ -10,7 +10,7 @@ keep-alive connections, behind one call, :meth:`Transport.request`.
   aiohttp's ``trust_env=True`` looks it up on every request, which halved its rate.
 - **A stale pooled connection** (the server closed it as the request went out: reset or closed
   before any byte of the answer) is retried once on a fresh connection; it is not a failure of
-  the endpoint (the server never saw the request). Go's ``net/http`` and RFC 9112 §9.3.1.1 do
+  the replica (the server never saw the request). Go's ``net/http`` and RFC 9112 §9.3.1.1 do
   the same for requests that were not answered at all.
 - **Size cap**: an answer larger than ``max_response_bytes`` (decompressed) raises
   :class:`ResponseTooLarge` as soon as that many bytes have been read; the connection is
@@ -81,14 +81,14 @@ _SEND_ERRORS = (aiohttp.ClientError, ValueError, TimeoutError)
 
 
 class Transport:
-    """Keep-alive HTTP(S) connections to one endpoint.
+    """Keep-alive HTTP(S) connections to one replica.
 
     Args:
-        address: the endpoint (``_urls.parse_address``).
+        address: the replica (``_urls.parse_address``).
         headers: sent with every request (already checked).
         redactor: scrubs secrets from error messages.
         ssl: ``True`` (system CAs), ``False`` (no verification) or an ``SSLContext``.
-        proxy: the proxy URL for this endpoint, or None; ``proxy_authorization`` its header.
+        proxy: the proxy URL for this replica, or None; ``proxy_authorization`` its header.
         connect_timeout_s: seconds to open a connection (also bounded by the request's own).
         keepalive_expiry_s: idle connections are closed after this many seconds.
         max_response_bytes: the largest answer read (decompressed), in bytes.

@@ -1,9 +1,9 @@
-"""What the transport sends, checked once at construction: endpoint URLs, headers, proxies,
+"""What the transport sends, checked once at construction: replica URLs, headers, proxies,
 and the secrets that must never be kept.
 
 - **Base URL**: ``http://`` or ``https://``. ``user:password@`` in it becomes a Basic
   ``Authorization`` header and is removed from every URL batchclient shows or stores (error
-  messages, ``endpoint_stats``, a job's provider identity): those use :attr:`Address.display`,
+  messages, ``replica_stats``, a job's provider identity): those use :attr:`Address.display`,
   ``scheme://host[:port]/path`` without userinfo or query.
 - **Query**: the base URL's own query string (Azure OpenAI's ``?api-version=...``) and
   ``default_query`` are sent on every path; ``default_query`` wins on a repeated name.
@@ -20,9 +20,9 @@ and the secrets that must never be kept.
   request's headers or its request line). Whatever their value, ``name=value`` pairs with
   such names in a URL's query are shown as ``name=[redacted]`` (:func:`redact_query`), like
   ``user:password@`` is removed.
-- **Proxies**: ``proxy=`` for every endpoint, else (with ``trust_env``) the environment's
+- **Proxies**: ``proxy=`` for every replica, else (with ``trust_env``) the environment's
   ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` honouring ``NO_PROXY``, resolved once per
-  endpoint (aiohttp's ``trust_env=True`` looks them up on every request).
+  replica (aiohttp's ``trust_env=True`` looks them up on every request).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _shown(url: str) -> str:
 
 @dataclass(frozen=True)
 class Address:
-    """One endpoint's URL, taken apart. ``origin`` is ``scheme://host:port``; ``path`` the base
+    """One replica's URL, taken apart. ``origin`` is ``scheme://host:port``; ``path`` the base
     path without a trailing slash (``/v1``); ``query`` the base URL's query plus
     ``default_query`` (encoded); ``display`` the URL as shown and stored (no userinfo, no query);
     ``basic_auth`` the ``Authorization`` value from the URL's userinfo, if any; ``secrets`` the

@@ -1,8 +1,8 @@
 """The fair gate: how the server shares its provider's in-flight capacity.
 
 Every tenant's requests reach the one provider through a :class:`FairGate` that admits at most
-the provider's capacity (its current concurrency limit, else its window) at once. When a slot
-frees it goes to, in order:
+the provider's capacity (its current concurrency limit, else its ``max_in_flight()``) at once.
+When a slot frees it goes to, in order:
 
 1. a one-request call (``/v1/chat/completions`` and the other one-request routes) if any waits:
    someone is waiting on it, and it is one request;
@@ -13,10 +13,10 @@ frees it goes to, in order:
    ``normal``, then ``low``), the one holding the fewest slots first (ties: served longest ago).
 
 So a 20-line batch started while another tenant's 20,000-line batch runs gets its share of the
-next slots to free instead of queueing behind the large batch's window, and a tenant's
+next slots to free instead of queueing behind the large batch's requests, and a tenant's
 ``high`` batch runs ahead of its ``low`` one. Requests answered from the result cache never
-reach the gate. The lane of a request (its batch and priority, or a call) is read from
-:func:`batchclient._core.lanes.current_lane`.
+reach the gate. The flow of a request (its batch and priority, or a call) is read from
+:func:`batchclient._core.flows.current_flow`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from .._core.lanes import BATCH_PRIORITIES, Lane, Priority
+from .._core.flows import BATCH_PRIORITIES, Flow, Priority
 from .._core.provider import Provider
 from ._errors import APIError
 
@@ -39,17 +39,18 @@ _Key = tuple[Priority, str | None]  # (tier, batch) within a tenant
 class _Tenant:
     held: int = 0
     served: int = 0  # grant counter when last served: lower is longer ago
-    lanes: dict[_Key, deque[asyncio.Future[None]]] = field(default_factory=dict)
-    lane_held: dict[_Key, int] = field(default_factory=dict)
-    lane_served: dict[_Key, int] = field(default_factory=dict)
+    flows: dict[_Key, deque[asyncio.Future[None]]] = field(default_factory=dict)  # waiting
+    flow_held: dict[_Key, int] = field(default_factory=dict)
+    flow_served: dict[_Key, int] = field(default_factory=dict)
 
 
 def provider_capacity(provider: Provider) -> int:
     """How many requests ``provider`` runs at once now: its current concurrency limit when it
-    reports one (an adaptive remote provider's, which grows and shrinks), else its window."""
-    window = provider.window()
+    reports one (an adaptive remote provider's, which grows and shrinks), else its
+    ``max_in_flight()``."""
+    most = provider.max_in_flight()
     limit = provider.concurrency_limit()
-    return max(1, min(window, limit) if limit is not None else window)
+    return max(1, min(most, limit) if limit is not None else most)
 
 
 class FairGate:
@@ -74,18 +75,18 @@ class FairGate:
     def waiting(self, tenant: str | None = None) -> int:
         """Requests waiting for a slot (of ``tenant``, or of everyone)."""
         states = self._tenants.values() if tenant is None else [self._tenants.get(tenant)]
-        return sum(len(q) for s in states if s is not None for q in s.lanes.values())
+        return sum(len(q) for s in states if s is not None for q in s.flows.values())
 
     @contextlib.asynccontextmanager
-    async def slot(self, tenant: str, lane: Lane) -> AsyncIterator[None]:
+    async def slot(self, tenant: str, flow: Flow) -> AsyncIterator[None]:
         """Hold one slot for the body of the ``async with``; waits for its turn."""
-        key: _Key = (lane.priority, lane.batch)
+        key: _Key = (flow.priority, flow.batch)
         state = self._tenants.setdefault(tenant, _Tenant())
         if self.in_flight < self._capacity() and not self.waiting():
             self._take(state, key)
         else:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            queue = state.lanes.setdefault(key, deque())
+            queue = state.flows.setdefault(key, deque())
             queue.append(fut)
             try:
                 await fut
@@ -95,8 +96,8 @@ class FairGate:
                 else:
                     with contextlib.suppress(ValueError):
                         queue.remove(fut)
-                    if not queue and state.lanes.get(key) is queue:
-                        del state.lanes[key]
+                    if not queue and state.flows.get(key) is queue:
+                        del state.flows[key]
                     self._forget(tenant)
                 raise
         try:
@@ -107,24 +108,24 @@ class FairGate:
     def _take(self, state: _Tenant, key: _Key) -> None:
         self.in_flight += 1
         state.held += 1
-        state.lane_held[key] = state.lane_held.get(key, 0) + 1
-        state.served = state.lane_served[key] = next(self._counter)
+        state.flow_held[key] = state.flow_held.get(key, 0) + 1
+        state.served = state.flow_served[key] = next(self._counter)
 
     def _give_back(self, tenant: str, key: _Key) -> None:
         state = self._tenants[tenant]
         self.in_flight -= 1
         state.held -= 1
-        state.lane_held[key] -= 1
-        if not state.lane_held[key]:
-            del state.lane_held[key]
-            if key not in state.lanes:
-                state.lane_served.pop(key, None)
+        state.flow_held[key] -= 1
+        if not state.flow_held[key]:
+            del state.flow_held[key]
+            if key not in state.flows:
+                state.flow_served.pop(key, None)
         self._grant()
         self._forget(tenant)
 
     def _forget(self, tenant: str) -> None:
         state = self._tenants.get(tenant)
-        if state is not None and not state.held and not state.lanes:
+        if state is not None and not state.held and not state.flows:
             del self._tenants[tenant]
 
     def _grant(self) -> None:
@@ -133,25 +134,25 @@ class FairGate:
             if picked is None:
                 return
             state, key = picked
-            queue = state.lanes[key]
+            queue = state.flows[key]
             fut = queue.popleft()
             if not queue:
-                del state.lanes[key]
+                del state.flows[key]
             if fut.done():  # cancelled while waiting; its task removes nothing more
                 continue
             self._take(state, key)
             fut.set_result(None)
 
     def _pick(self) -> tuple[_Tenant, _Key] | None:
-        calls = [s for s in self._tenants.values() if any(k[0] == 0 for k in s.lanes)]
-        candidates = calls or [s for s in self._tenants.values() if s.lanes]
+        calls = [s for s in self._tenants.values() if any(k[0] == 0 for k in s.flows)]
+        candidates = calls or [s for s in self._tenants.values() if s.flows]
         if not candidates:
             return None
         state = min(candidates, key=lambda s: (s.held, s.served))
-        tier = min(k[0] for k in state.lanes)
+        tier = min(k[0] for k in state.flows)
         key = min(
-            (k for k in state.lanes if k[0] == tier),
-            key=lambda k: (state.lane_held.get(k, 0), state.lane_served.get(k, 0)),
+            (k for k in state.flows if k[0] == tier),
+            key=lambda k: (state.flow_held.get(k, 0), state.flow_served.get(k, 0)),
         )
         return state, key
 

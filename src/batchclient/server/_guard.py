@@ -13,7 +13,7 @@ one ASGI middleware (:class:`Guard`, just inside the access log):
   (JSON bodies are refused unless they say ``application/json``; this covers the uploads).
 - **Relative redirects.** A ``Location`` pointing at this request's own ``Host`` is sent as a
   path only, so the trailing-slash redirect never repeats a ``Host`` it was given.
-- **Slow bodies.** While a request body is being read, each window of ``body_timeout``
+- **Slow bodies.** While a request body is being read, each interval of ``body_timeout``
   seconds spent waiting for the client must bring at least :data:`MIN_BODY_BYTES` bytes;
   otherwise the request is answered 408 (``Connection: close``). Time the application spends
   between reads does not count, so a slow disk never blames the client.
@@ -36,7 +36,7 @@ from ._errors import APIError, clip, error_response
 LOOPBACK_NAMES = ("localhost", ".localhost", "127.0.0.1", "::1")
 """Host names every server accepts."""
 MIN_BODY_BYTES = 1024
-"""Bytes a request body must bring in each ``body_timeout`` window of waiting."""
+"""Bytes a request body must bring in each ``body_timeout`` interval of waiting."""
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 

@@ -1,14 +1,14 @@
 """Interactive traffic next to the batches: ``GET /v1/models`` and one request at a time
 through the same provider (``POST /v1/chat/completions``, and ``/v1/completions`` /
 ``/v1/embeddings`` when the provider serves them), so its limits (the remote provider's
-in-flight limit and rpm/tpm, the engine's window) cover both kinds of traffic.
+in-flight limit and rpm/tpm, the engine's ``max_concurrency``) cover both kinds of traffic.
 
 A request is checked as a batch line would be (same codes), answered whole (``stream`` is
 refused), and cancelled in the provider when the client hangs up. The provider's answer goes
 back as it came: a ``ChatCompletion`` with its status, or its refusal in OpenAI's envelope;
 a request refused with no HTTP answer of its own (a batch provider's per-request error)
 is 400 (404 for an unknown model); one that got no answer is 502 (connection), 503 (no
-endpoint), 504 (timeout) or 500.
+replica in service), 504 (timeout) or 500.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from .._core.lanes import interactive
+from .._core.flows import interactive
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result, error_type, failed
 from ..errors import ErrorCode

@@ -29,7 +29,7 @@ from typing import Self
 import anyio
 
 from .._core.client import BatchClient
-from .._core.lanes import current_lane
+from .._core.flows import current_flow
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
 from .._state import private_dirs
@@ -64,11 +64,12 @@ def check_key(key: str) -> None:
 
 class SharedProvider(DelegatingProvider):
     """A provider started and stopped by someone else (the server), shared by many clients:
-    every member but ``start`` and ``stop`` (which do nothing), ``execute`` and ``window`` goes to
-    ``inner``, so the tenants' result caches are keyed by ``inner``'s ``cache_identity`` and
-    their scoring calls use ``inner``'s tokenizer. ``execute`` waits for a slot of ``gate``
-    (the server's :class:`~._fair.FairGate`, one for all tenants) in ``tenant``'s name, then
-    runs on ``inner``; without a gate it goes straight to ``inner``."""
+    every member but ``start`` and ``stop`` (which do nothing), ``execute`` and
+    ``max_in_flight`` goes to ``inner``, so the tenants' result caches are keyed by
+    ``inner``'s ``cache_identity`` and their scoring calls use ``inner``'s tokenizer.
+    ``execute`` waits for a slot of ``gate`` (the server's :class:`~._fair.FairGate`, one for
+    all tenants) in ``tenant``'s name, then runs on ``inner``; without a gate it goes straight
+    to ``inner``."""
 
     def __init__(
         self, inner: Provider, gate: FairGate | None = None, tenant: str = "default"
@@ -83,18 +84,18 @@ class SharedProvider(DelegatingProvider):
     async def stop(self) -> None:
         pass
 
-    def window(self) -> int:
+    def max_in_flight(self) -> int:
         """Twice ``inner``'s behind a gate: a batch keeps requests waiting at the gate while its
         others are in flight, so a slot one of them frees can go to its next line rather than
-        to a lower-priority batch (with a window of exactly the capacity, a batch holding every
+        to a lower-priority batch (with exactly the capacity in flight, a batch holding every
         slot has nothing waiting). Waiting requests have not been sent: a crash still re-sends
         at most the capacity."""
-        return self.inner.window() * (1 if self.gate is None else 2)
+        return self.inner.max_in_flight() * (1 if self.gate is None else 2)
 
     async def execute(self, request: Request) -> Result:
         if self.gate is None:
             return await self.inner.execute(request)
-        async with self.gate.slot(self.tenant, current_lane()):
+        async with self.gate.slot(self.tenant, current_flow()):
             return await self.inner.execute(request)
 
 

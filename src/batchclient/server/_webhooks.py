@@ -283,7 +283,7 @@ class Deliverer:
         attempts = event.attempts + 1
         retry_at: float | None = time.time() + self.delay(attempts)
         if retry_at is not None and retry_at - event.created_at > self.give_up_after_s:
-            retry_at = None  # past the window: a receiver gone this long will not want it
+            retry_at = None  # past give_up_after_s: a receiver gone this long will not want it
         await anyio.to_thread.run_sync(outbox.failed, event.id, error, retry_at)
         logger.warning(
             "webhook %s %s to %s: attempt %d failed (%s); %s",

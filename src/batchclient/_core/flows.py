@@ -1,11 +1,13 @@
-"""Which lane a request travels in: the batch it belongs to (and that batch's priority), or a
-one-request call that someone is waiting on.
+"""Which flow a request belongs to: the batch it is part of (and that batch's priority), or a
+one-request call that someone is waiting on. A *flow* is the fair-queuing term: the requests a
+scheduler keeps apart and shares capacity between (the router's *lanes*, ``_routing``, are
+something else: a replica's slots for one model).
 
-The jobs set the lane around a batch's run (:func:`batch_lane`); the server's one-request
+The jobs set the flow around a batch's run (:func:`batch_flow`); the server's one-request
 routes mark their call :func:`interactive`. A context variable carries it down to whatever
 provider wrapper schedules requests (the server's fair gate), through the scheduler's worker
 tasks, which inherit their context. Nothing here changes how a request runs: a provider that
-does not look at the lane ignores it.
+does not look at the flow ignores it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["Lane", "Priority", "batch_lane", "current_lane", "interactive", "priority_of"]
+__all__ = ["Flow", "Priority", "batch_flow", "current_flow", "interactive", "priority_of"]
 
 
 class Priority(IntEnum):
@@ -35,20 +37,20 @@ BATCH_PRIORITIES = ("high", "normal", "low")
 
 
 @dataclass(frozen=True)
-class Lane:
+class Flow:
     """``batch``: the batch id, None for requests outside a batch (calls)."""
 
     batch: str | None
     priority: Priority
 
 
-_CALLS = Lane(None, Priority.normal)
-_LANE: ContextVar[Lane] = ContextVar("batchclient_lane", default=_CALLS)
+_CALLS = Flow(None, Priority.normal)
+_FLOW: ContextVar[Flow] = ContextVar("batchclient_flow", default=_CALLS)
 
 
-def current_lane() -> Lane:
-    """The lane of the request being executed now (default: a call at normal priority)."""
-    return _LANE.get()
+def current_flow() -> Flow:
+    """The flow of the request being executed now (default: a call at normal priority)."""
+    return _FLOW.get()
 
 
 def priority_of(metadata: dict[str, Any] | str | None) -> Priority:
@@ -66,21 +68,21 @@ def priority_of(metadata: dict[str, Any] | str | None) -> Priority:
 
 
 @contextmanager
-def batch_lane(batch_id: str, metadata: dict[str, Any] | str | None) -> Iterator[None]:
+def batch_flow(batch_id: str, metadata: dict[str, Any] | str | None) -> Iterator[None]:
     """Requests executed inside belong to batch ``batch_id`` at its metadata's priority."""
-    token = _LANE.set(Lane(batch_id, priority_of(metadata)))
+    token = _FLOW.set(Flow(batch_id, priority_of(metadata)))
     try:
         yield
     finally:
-        _LANE.reset(token)
+        _FLOW.reset(token)
 
 
 @contextmanager
 def interactive() -> Iterator[None]:
     """Requests executed inside are one-request calls a client is waiting on: they go ahead of
     batch lines."""
-    token = _LANE.set(Lane(None, Priority.interactive))
+    token = _FLOW.set(Flow(None, Priority.interactive))
     try:
         yield
     finally:
-        _LANE.reset(token)
+        _FLOW.reset(token)
