@@ -243,3 +243,11 @@ def test_the_registry_builds_with_the_declared_defaults(entry: ProviderEntry) ->
     needed = {"base_url": URL} if entry.name == "remote" else {}
     provider: Any = entry.provider(**needed)
     assert provider.options == resolve(entry.options, {}, who="x")
+
+
+def test_the_remote_guide_lists_every_remote_option() -> None:
+    """``docs/remote.md``'s knob table keeps up with the declarations (names; the defaults
+    shown there are the declared ones, written for people)."""
+    guide = (Path(__file__).parents[1] / "docs" / "remote.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)[`=]", guide, re.MULTILINE))
+    assert set(specs(RemoteOptions)) <= rows, set(specs(RemoteOptions)) - rows

@@ -233,8 +233,8 @@ def test_multipart_bodies_are_bounded_whatever_the_framing(
 
 
 def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path) -> None:
-    limits = uvicorn_options(header_timeout=0.5, keep_alive=0.5, max_connections=40)
-    with serve(stub, tmp_path / "state", limits, api_keys=[KEY_A], body_timeout=0.5) as url:
+    limits = uvicorn_options(header_timeout_s=0.5, keep_alive_s=0.5, max_connections=40)
+    with serve(stub, tmp_path / "state", limits, api_keys=[KEY_A], body_timeout_s=0.5) as url:
         port = int(url.rsplit(":", 1)[1])
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]
         with http(url) as c:  # keyed requests are answered while they sit there
@@ -266,7 +266,7 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
         answer = raw(port, head + b'{"model": "m"')  # and then nothing
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer
         assert 0.4 < time.monotonic() - started < 2
-        # a kept-alive connection idle past keep_alive is closed
+        # a kept-alive connection idle past keep_alive_s is closed
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(
                 b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
@@ -278,7 +278,7 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
 
 
 def test_at_the_connection_cap_the_longest_idle_make_room(stub: StubServer, tmp_path: Path) -> None:
-    limits = uvicorn_options(header_timeout=5.0, max_connections=5)
+    limits = uvicorn_options(header_timeout_s=5.0, max_connections=5)
     with serve(stub, tmp_path / "state", limits) as url:
         port = int(url.rsplit(":", 1)[1])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]

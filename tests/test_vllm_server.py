@@ -98,7 +98,7 @@ def test_startup_timeout_kills_the_half_started_server(tmp_path: Path) -> None:
     started = time.monotonic()
     with (
         pytest.raises(EndpointError, match=r"did not answer GET .* within 2 s"),
-        vllm_server(startup_timeout=2, log_path=tmp_path / "server.log", port=port),
+        vllm_server(startup_timeout_s=2, log_path=tmp_path / "server.log", port=port),
     ):
         pytest.fail("the server should not have started")
     assert time.monotonic() - started < 30

@@ -224,7 +224,7 @@ def serve_command(args: argparse.Namespace) -> int:
         cache=args.cache,
         allowed_hosts=hosts,
         cors_origins=args.cors_origins,
-        body_timeout=args.body_timeout,
+        body_timeout_s=args.body_timeout,
         webhook_url=args.webhook_url,
         webhook_secret=webhook_secret(args),
     )
@@ -267,8 +267,8 @@ async def _serve(
 
     assert isinstance(app, FastAPI)
     limits = uvicorn_options(
-        header_timeout=args.header_timeout,
-        keep_alive=args.keep_alive_timeout,
+        header_timeout_s=args.header_timeout,
+        keep_alive_s=args.keep_alive_timeout,
         max_connections=args.max_connections,
     )
     # requests the parser refuses (an over-long URL) answered in OpenAI's envelope

@@ -54,7 +54,7 @@ def create_app(
     cache: bool | None = None,
     allowed_hosts: Iterable[str] = (),
     cors_origins: Iterable[str] = (),
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT,
     webhook_url: str | None = None,
     webhook_secret: str | None = None,
 ) -> FastAPI:
@@ -84,7 +84,7 @@ def create_app(
             domain and its subdomains; ``"*"``: any name (behind a proxy that checks it).
         cors_origins: web origins (``"https://app.example.com"``) whose pages may call this
             server from a browser: CORS headers for them, none for others (the default).
-        body_timeout: a request body must bring at least 1 KiB in every ``body_timeout``
+        body_timeout_s: a request body must bring at least 1 KiB in every ``body_timeout_s``
             seconds of waiting for it, else 408. None: no limit.
         webhook_url: POST a signed ``batch.completed`` / ``batch.failed`` / ``batch.expired``
             / ``batch.cancelled`` event (OpenAI's shape, Standard Webhooks signature) here
@@ -106,8 +106,8 @@ def create_app(
     ):
         if value < 1:
             raise ConfigurationError(f"{name} must be >= 1")
-    if body_timeout is not None and not body_timeout > 0:
-        raise ConfigurationError("body_timeout must be > 0 (None: no limit)")
+    if body_timeout_s is not None and not body_timeout_s > 0:
+        raise ConfigurationError("body_timeout_s must be > 0 (None: no limit)")
     origins = [o.rstrip("/") for o in cors_origins]
     for origin in origins:
         if origin != "*" and "://" not in origin:
@@ -168,7 +168,7 @@ def create_app(
     # `/`: signs in with a cookie of its own; inside Guard (the Host allow-list covers it)
     app.add_middleware(StatusPage, tenants=tenants)
     app.add_middleware(
-        Guard, allowed_hosts=allowed_hosts, cors_origins=origins, body_timeout=body_timeout
+        Guard, allowed_hosts=allowed_hosts, cors_origins=origins, body_timeout_s=body_timeout_s
     )
     app.add_middleware(AccessLog)  # 401s and 421s are logged too
     app.add_middleware(Probes, state=app.state)  # probes unlogged, without a key

@@ -13,7 +13,7 @@ one ASGI middleware (:class:`Guard`, just inside the access log):
   (JSON bodies are refused unless they say ``application/json``; this covers the uploads).
 - **Relative redirects.** A ``Location`` pointing at this request's own ``Host`` is sent as a
   path only, so the trailing-slash redirect never repeats a ``Host`` it was given.
-- **Slow bodies.** While a request body is being read, each interval of ``body_timeout``
+- **Slow bodies.** While a request body is being read, each interval of ``body_timeout_s``
   seconds spent waiting for the client must bring at least :data:`MIN_BODY_BYTES` bytes;
   otherwise the request is answered 408 (``Connection: close``). Time the application spends
   between reads does not count, so a slow disk never blames the client.
@@ -36,7 +36,7 @@ from ._errors import APIError, clip, error_response
 LOOPBACK_NAMES = ("localhost", ".localhost", "127.0.0.1", "::1")
 """Host names every server accepts."""
 MIN_BODY_BYTES = 1024
-"""Bytes a request body must bring in each ``body_timeout`` interval of waiting."""
+"""Bytes a request body must bring in each ``body_timeout_s`` interval of waiting."""
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
@@ -114,12 +114,12 @@ class Guard:
         *,
         allowed_hosts: Iterable[str] = (),
         cors_origins: Iterable[str] = (),
-        body_timeout: float | None = None,
+        body_timeout_s: float | None = None,
     ) -> None:
         self.app = app
         self.hosts = HostList([*LOOPBACK_NAMES, *allowed_hosts])
         self.origins = frozenset(o.rstrip("/").lower() for o in cors_origins)
-        self.body_timeout = body_timeout
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,8 +147,8 @@ class Guard:
             )
             await response(scope, receive, send)
             return
-        if self.body_timeout is not None:
-            receive = _TimedBody(receive, self.body_timeout)
+        if self.body_timeout_s is not None:
+            receive = _TimedBody(receive, self.body_timeout_s)
         await self.app(scope, receive, _relative_location(send, host))
 
     def _own(self, origin: str, host: str) -> bool:

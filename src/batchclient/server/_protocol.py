@@ -9,7 +9,7 @@ one byte a second (slow-loris). Its ``limit_concurrency`` counts such connection
 rather than preventing one. The protocol here adds:
 
 - a **header timeout**: a new connection, and each next request on a kept-alive one, must
-  deliver a complete request head within ``header_timeout`` seconds of its first byte (of the
+  deliver a complete request head within ``header_timeout_s`` seconds of its first byte (of the
   connection, for the first request); otherwise it is closed without an answer;
 - a **head size limit** whatever the reads: a parsed request head over
   ``h11_max_incomplete_event_size`` (:data:`MAX_HEAD_BYTES`) is refused like one that arrived
@@ -21,7 +21,7 @@ rather than preventing one. The protocol here adds:
   warning is logged at most every 10 s. Sockets cannot exhaust the process's file descriptors,
   and idle ones cannot lock out clients that send requests.
 
-Request bodies are bounded by the application (``create_app``'s ``body_timeout`` and size caps).
+Request bodies are bounded by the application (``create_app``'s ``body_timeout_s`` and size caps).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a header timeout and a connection cap (class attributes,
     set by :func:`uvicorn_options` on a subclass), and a head size limit whatever the reads."""
 
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     _last_warning = 0.0
 
@@ -136,7 +136,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
-        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -151,8 +151,8 @@ class GuardedH11Protocol(H11Protocol):
 
 def uvicorn_options(
     *,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    keep_alive: float = DEFAULT_KEEP_ALIVE,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> dict[str, Any]:
     """``uvicorn.Config`` arguments that bound what connections can hold (module docstring):
@@ -160,18 +160,18 @@ def uvicorn_options(
     ``h11_max_incomplete_event_size``.
 
     Args:
-        header_timeout: seconds a connection has to deliver each request head.
-        keep_alive: seconds an idle kept-alive connection stays open.
+        header_timeout_s: seconds a connection has to deliver each request head.
+        keep_alive_s: seconds an idle kept-alive connection stays open.
         max_connections: connections open at once; more are closed as they arrive.
     """
     protocol = type(
         "GuardedH11Protocol",
         (GuardedH11Protocol,),
-        {"header_timeout": header_timeout, "max_connections": max_connections},
+        {"header_timeout_s": header_timeout_s, "max_connections": max_connections},
     )
     return {
         "http": protocol,
-        "timeout_keep_alive": keep_alive,
+        "timeout_keep_alive": keep_alive_s,
         "backlog": BACKLOG,
         "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
     }

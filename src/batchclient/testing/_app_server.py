@@ -30,18 +30,18 @@ class AppServer:
     Args:
         app: any ASGI application.
         host: where to listen (loopback by default).
-        startup_timeout: seconds the app's lifespan may take to start.
+        startup_timeout_s: seconds the app's lifespan may take to start.
         **config: more ``uvicorn.Config`` arguments (``ssl_certfile``, ``ssl_keyfile``, ...).
 
     Raises (on entering): ``RuntimeError`` when the app failed to start (uvicorn logs why).
     """
 
     def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 60.0, **config: Any
+        self, app: Any, *, host: str = "127.0.0.1", startup_timeout_s: float = 60.0, **config: Any
     ) -> None:
         self.app = app
         self.host = host
-        self.startup_timeout = startup_timeout
+        self.startup_timeout_s = startup_timeout_s
         self.config = config
         self.port = 0
         self._server: Any = None
@@ -82,7 +82,7 @@ class AppServer:
             target=lambda: asyncio.run(server.serve()), name="app-server", daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + self.startup_timeout
+        deadline = time.monotonic() + self.startup_timeout_s
         try:
             while not self._started(self._thread.is_alive(), deadline):
                 time.sleep(0.01)
@@ -108,7 +108,7 @@ class AppServer:
     async def __aenter__(self) -> str:
         server = self._make_server()
         self._task = asyncio.get_running_loop().create_task(server.serve())
-        deadline = time.monotonic() + self.startup_timeout
+        deadline = time.monotonic() + self.startup_timeout_s
         try:
             # uvicorn sets a flag when it listens; there is no event to wait on
             while not self._started(not self._task.done(), deadline):  # noqa: ASYNC110

@@ -173,9 +173,9 @@ class StubProcess:
     ``kill()`` SIGKILLs it (the kernel resets its open connections, like a crashed server);
     ``stats()`` fetches its counters; leaving the block stops it."""
 
-    def __init__(self, *args: str, startup_timeout: float = 20.0) -> None:
+    def __init__(self, *args: str, startup_timeout_s: float = 20.0) -> None:
         self.args = args
-        self.startup_timeout = startup_timeout
+        self.startup_timeout_s = startup_timeout_s
         self.url = ""
         self.proc: subprocess.Popen[str] | None = None
 
@@ -185,7 +185,7 @@ class StubProcess:
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
         )
         assert self.proc.stdout is not None
-        timer = threading.Timer(self.startup_timeout, self.kill)
+        timer = threading.Timer(self.startup_timeout_s, self.kill)
         timer.start()
         try:
             line = self.proc.stdout.readline()

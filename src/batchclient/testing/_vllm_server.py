@@ -43,7 +43,7 @@ def vllm_server(
     served_model_name: str | None = None,
     max_model_len: int = 2048,
     port: int | None = None,
-    startup_timeout: float = 180.0,
+    startup_timeout_s: float = 180.0,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
@@ -64,7 +64,7 @@ def vllm_server(
             else ``str(model)``.
         max_model_len: context length in tokens (prompt + output).
         port: TCP port on 127.0.0.1; default a free one.
-        startup_timeout: seconds to wait for the server to answer.
+        startup_timeout_s: seconds to wait for the server to answer.
         extra_args: more command-line arguments, appended verbatim.
         env: environment overrides for the server (applied last). By default the server gets
             ``HF_HUB_OFFLINE=1``, ``VLLM_NO_USAGE_STATS=1`` and ``DO_NOT_TRACK=1``.
@@ -87,7 +87,7 @@ def vllm_server(
 
     Raises:
         EndpointError: the server exited during start-up or did not answer within
-            ``startup_timeout``; the message holds the log's path and its last 40 lines.
+            ``startup_timeout_s``; the message holds the log's path and its last 40 lines.
 
     On exit (normal or exception) the whole process group (API server, engine core, workers)
     gets SIGTERM, then SIGKILL after 15 s (3 s in the ``batchclient`` command, see
@@ -150,7 +150,7 @@ def vllm_server(
     if echo is not None and proc.stdout is not None:
         copier = copy_output(proc.stdout, log_file, echo)
     try:
-        problem = _wait_until_ready(proc, base_url, startup_timeout)
+        problem = _wait_until_ready(proc, base_url, startup_timeout_s)
         if problem is not None:
             stop_group(proc)
             if copier is not None:
