@@ -121,6 +121,12 @@ class OptionSpec:
         kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
         return kinds[0] if len(kinds) == 1 else None
 
+    def _word(self) -> type | None:
+        """The scalar type of one word of the flag: the value's, or a list's items'."""
+        if self.shape == "list":
+            return _scalar_of(get_args(self._kind())[0])
+        return self.scalar
+
     @property
     def choices(self) -> tuple[str, ...] | None:
         kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
@@ -134,10 +140,7 @@ class OptionSpec:
             return self.option.metavar
         if self.name.endswith("_s"):
             return "SECONDS"
-        kind = self.scalar
-        if self.shape == "list":
-            kind = _scalar_of(get_args(self._kind())[0])
-        return {int: "N", float: "NUMBER", str: "TEXT"}.get(kind or str, "VALUE")
+        return {int: "N", float: "NUMBER", str: "TEXT"}.get(self._word() or str, "VALUE")
 
     def check(self, value: Any, who: str) -> None:
         """Raise ``ConfigurationError`` when ``value`` is plainly not of a scalar option's
@@ -367,7 +370,7 @@ def _flag_help(declared: list[tuple[str, OptionSpec]]) -> str:
 def _parser_of(spec: OptionSpec) -> Any:
     """The ``type=`` of ``spec``'s flag: one word (of a list's words) to its value, or a
     ``KEY=VALUE`` word to a ``(key, value)`` pair."""
-    kind = _scalar_of(get_args(spec._kind())[0]) if spec.shape == "list" else spec.scalar
+    kind = spec._word()
     nullable = type(None) in _union_args(spec.annotation)
 
     def parse(text: str) -> Any:
