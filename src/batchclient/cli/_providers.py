@@ -146,7 +146,7 @@ def provider_options(args: argparse.Namespace) -> dict[str, Any]:
             options["model"] = args.model
     elif args.model is not None:
         raise ConfigurationError(
-            f"--model does not apply to provider {entry.name!r} (the batch file names the model)"
+            f"--model does not apply to provider {entry.name!r} (each request names its model)"
         )
     if engine_args and not entry.engine_args:
         raise ConfigurationError(f"--engine-arg does not apply to provider {entry.name!r}")
