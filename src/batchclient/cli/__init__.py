@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,  # so `jobs --state-dir X list` is not reset by `list`
         help=f"where files, jobs and results are kept (default: {default_state_dir()})",
     )
-    parser = _Parser(prog="batchclient", description=DESCRIPTION)
+    parser: argparse.ArgumentParser = _Parser(prog="batchclient", description=DESCRIPTION)
     parser.add_argument(
         "--version",
         action="version",
