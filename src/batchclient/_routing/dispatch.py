@@ -37,6 +37,13 @@
   :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
   A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
   may.
+- **Nothing listening**: a refused connection to an endpoint that has never answered ejects it
+  at once (no server there, or not yet). When every endpoint is in that state the attempts fail
+  at once with a final :class:`EndpointUnavailable` (not retried: a missing server is not a
+  slow one, and backing off would only delay the error by the whole retry budget). An endpoint
+  that has answered before and refuses now is restarting: its refusals count toward ejection
+  and are retried like any connection failure, and so are refusals while another endpoint is
+  in.
 """
 
 from __future__ import annotations
@@ -58,11 +65,14 @@ __all__ = ["Dispatcher", "EndpointUnavailable", "Lane", "LaneStats", "Replica"]
 
 
 class EndpointUnavailable(Exception):
-    """Every endpoint is ejected; ``wait_s`` is when the first one returns."""
+    """Every endpoint is ejected; ``wait_s`` is when the first one returns. ``final``: nothing
+    listens at any of them (each refused the connection and none has ever answered): retrying
+    is pointless."""
 
-    def __init__(self, message: str, wait_s: float):
+    def __init__(self, message: str, wait_s: float, *, final: bool = False):
         super().__init__(message)
         self.wait_s = wait_s
+        self.final = final
 
 
 @dataclass
@@ -160,6 +170,8 @@ class Replica:
     ejections: int = 0
     last_error: str = ""
     number: int = 0  # its position among the dispatcher's endpoints: the rendezvous salt
+    answered: bool = False  # it has sent an HTTP answer (any status) at least once
+    refused: bool = False  # its last connection attempt was refused
 
     def in_flight(self) -> int:
         return sum(lane.in_use for lane in self.lanes.values())
@@ -299,19 +311,32 @@ class Dispatcher:
             raise
 
     def _check_available(self) -> None:
-        problem = self._unavailable()
+        problem = self.unavailable()
         if problem is not None:
             raise problem
 
-    def _unavailable(self) -> EndpointUnavailable | None:
+    def unavailable(self) -> EndpointUnavailable | None:
+        """What :meth:`acquire` raises now: None while some endpoint is in."""
         now = time.monotonic()
         back = [ep.ejected_until for ep in self.endpoints]
         if not all(t > now for t in back):
             return None
+        if self.nothing_listening():
+            urls = ", ".join(ep.base_url for ep in self.endpoints)
+            return EndpointUnavailable(
+                f"nothing is listening at {urls} (connection refused; "
+                f"{self.endpoints[0].last_error}): start the server, or check base_url",
+                min(back) - now,
+                final=True,
+            )
         detail = "; ".join(f"{ep.base_url}: {ep.last_error}" for ep in self.endpoints)
         return EndpointUnavailable(
             f"every endpoint is ejected after repeated failures ({detail})", min(back) - now
         )
+
+    def nothing_listening(self) -> bool:
+        """Whether every endpoint refused its last connection and none has ever answered."""
+        return all(ep.refused and not ep.answered for ep in self.endpoints)
 
     def release(self, lane: Lane) -> None:
         lane.in_use -= 1
@@ -390,12 +415,21 @@ class Dispatcher:
         throttled = sum(itertools.islice(reversed(recent), k))
         return throttled >= 4 and 2 * throttled > k
 
-    def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
-        """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
+    def on_failure(
+        self, lane: Lane, message: str, *, connection: bool, refused: bool = False
+    ) -> None:
+        """A connection failure or a 5xx answer (not a throttle): counts toward ejection.
+        ``refused``: the connection was refused; an endpoint that never answered is then
+        ejected at once (nothing listens there)."""
         ep = lane.endpoint
         lane.failed += 1
         ep.failures += 1
         ep.last_error = message
+        ep.refused = refused
+        if refused and not ep.answered:
+            if ep.ejected_until <= time.monotonic():
+                self.eject(ep)
+            return
         if ep.failures < self.eject_after or ep.ejected_until > time.monotonic():
             return
         others_in = any(e is not ep and e.ejected_until <= time.monotonic() for e in self.endpoints)
@@ -423,7 +457,7 @@ class Dispatcher:
         ep.ejections += 1
         ep.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
-        problem = self._unavailable()
+        problem = self.unavailable()
         if problem is None:
             self._grant_all()
             return

@@ -326,6 +326,7 @@ class RemoteProvider(Provider):
         for ep in self._dispatcher.endpoints:
             try:
                 resp = await ep.pool.request("GET", "/models", timeout=self.timeouts.list_models_s)
+                ep.answered = True
                 data = load_json(resp.body) if resp.status == 200 else None
             except (HttpError, HttpTimeout, ResponseTooLarge, ValueError):
                 continue
@@ -472,6 +473,8 @@ class RemoteProvider(Provider):
                 lane = await dispatcher.acquire(model, avoid, past_pause, key)
             except EndpointUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
+                if exc.final:  # nothing listens anywhere: retrying only delays the error
+                    return result
                 raise RetryableFailure(
                     result, min(exc.wait_s, self.retry.retry_after_cap_s)
                 ) from None
@@ -494,11 +497,16 @@ class RemoteProvider(Provider):
                 msg = f"no answer within {self.timeout:g} s of sending"
                 raise RetryableFailure(failed(ErrorCode.timeout, msg), endpoint=ep) from None
             except HttpError as exc:
-                dispatcher.on_failure(lane, str(exc), connection=True)
+                dispatcher.on_failure(lane, str(exc), connection=True, refused=exc.refused)
+                problem = dispatcher.unavailable() if exc.refused else None
+                if problem is not None and problem.final:  # nothing listens anywhere
+                    return failed(ErrorCode.endpoint_unavailable, str(problem))
                 result = failed(ErrorCode.connection_error, f"{ep.base_url}: {exc}")
                 raise RetryableFailure(result, endpoint=ep) from None
             except ResponseTooLarge as exc:  # the same answer again on a retry: not retried
+                ep.answered = True
                 return failed(ErrorCode.response_too_large, f"{ep.base_url}: {exc}")
+            ep.answered = True
             parsed: Any = None
             if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
