@@ -65,6 +65,25 @@ def test_a_rerun_of_the_same_requests_sends_nothing(tmp_path: Path) -> None:
     assert more[: len(PAIRS)] == scores and len(more) == len(PAIRS) + 1
 
 
+def test_new_weights_under_the_same_name_are_asked_again(tmp_path: Path) -> None:
+    """Stored answers are keyed on the weights that serve the model (``/v1/models``' ``root``),
+    not only on its name: after the server loads other weights, the eval is sent again."""
+    with StubServer(model_info={"root": "/models/smollm2-v1"}) as stub:
+        with lm(stub, tmp_path) as first:
+            scores = first.loglikelihood(instances("loglikelihood", PAIRS))
+        sent = stub.stats.requests
+        with lm(stub, tmp_path) as same:
+            assert same.loglikelihood(instances("loglikelihood", PAIRS)) == scores
+        assert stub.stats.requests == sent  # the same weights: every answer stored
+        stub.model_info = {"root": "/models/smollm2-v2"}
+        with lm(stub, tmp_path) as retrained:
+            retrained.loglikelihood(instances("loglikelihood", PAIRS))
+        assert stub.stats.requests == 2 * sent  # other weights: every request sent again
+        with lm(stub, tmp_path) as again:
+            again.loglikelihood(instances("loglikelihood", PAIRS))
+        assert stub.stats.requests == 2 * sent  # and stored under the new weights
+
+
 def test_the_answers_are_the_result_caches_entries(tmp_path: Path) -> None:
     with StubServer() as stub:
         with lm(stub, tmp_path) as first:

@@ -37,6 +37,13 @@
   :class:`ReplicasUnavailable` (retried by the caller until its attempts run out: never a hang).
   A 5xx never ejects the last replica still in (backoff paces it instead); a connection failure
   may.
+- **Nothing listening**: a refused connection to a replica that has never answered ejects it
+  at once (no server there, or not yet). When every replica is in that state the attempts fail
+  at once with a final :class:`ReplicasUnavailable` (not retried: a missing server is not a
+  slow one, and backing off would only delay the error by the whole retry budget). A replica
+  that has answered before and refuses now is restarting: its refusals count toward ejection
+  and are retried like any connection failure, and so are refusals while another replica is
+  in.
 """
 
 from __future__ import annotations
@@ -58,11 +65,14 @@ __all__ = ["Dispatcher", "Lane", "LaneStats", "Replica", "ReplicasUnavailable"]
 
 
 class ReplicasUnavailable(Exception):
-    """Every replica is ejected; ``wait_s`` is when the first one returns."""
+    """Every replica is ejected; ``wait_s`` is when the first one returns. ``final``: nothing
+    listens at any of them (each refused the connection and none has ever answered): retrying
+    is pointless."""
 
-    def __init__(self, message: str, wait_s: float):
+    def __init__(self, message: str, wait_s: float, *, final: bool = False):
         super().__init__(message)
         self.wait_s = wait_s
+        self.final = final
 
 
 @dataclass
@@ -160,6 +170,8 @@ class Replica:
     ejections: int = 0
     last_error: str = ""
     number: int = 0  # its position among the dispatcher's replicas: the rendezvous salt
+    answered: bool = False  # it has sent an HTTP answer (any status) at least once
+    refused: bool = False  # its last connection attempt was refused
 
     def in_flight(self) -> int:
         return sum(lane.in_use for lane in self.lanes.values())
@@ -303,19 +315,32 @@ class Dispatcher:
             raise
 
     def _check_available(self) -> None:
-        problem = self._unavailable()
+        problem = self.unavailable()
         if problem is not None:
             raise problem
 
-    def _unavailable(self) -> ReplicasUnavailable | None:
+    def unavailable(self) -> ReplicasUnavailable | None:
+        """What :meth:`acquire` raises now: None while some replica is in."""
         now = time.monotonic()
         back = [replica.ejected_until for replica in self.replicas]
         if not all(t > now for t in back):
             return None
+        if self.nothing_listening():
+            urls = ", ".join(replica.base_url for replica in self.replicas)
+            return ReplicasUnavailable(
+                f"nothing is listening at {urls} (connection refused; "
+                f"{self.replicas[0].last_error}): start the server, or check base_url",
+                min(back) - now,
+                final=True,
+            )
         detail = "; ".join(f"{replica.base_url}: {replica.last_error}" for replica in self.replicas)
         return ReplicasUnavailable(
             f"every replica is ejected after repeated failures ({detail})", min(back) - now
         )
+
+    def nothing_listening(self) -> bool:
+        """Whether every replica refused its last connection and none has ever answered."""
+        return all(replica.refused and not replica.answered for replica in self.replicas)
 
     def release(self, lane: Lane) -> None:
         lane.in_use -= 1
@@ -396,12 +421,21 @@ class Dispatcher:
         throttled = sum(itertools.islice(reversed(recent), k))
         return throttled >= 4 and 2 * throttled > k
 
-    def on_failure(self, lane: Lane, message: str, *, connection: bool) -> None:
-        """A connection failure or a 5xx answer (not a throttle): counts toward ejection."""
+    def on_failure(
+        self, lane: Lane, message: str, *, connection: bool, refused: bool = False
+    ) -> None:
+        """A connection failure or a 5xx answer (not a throttle): counts toward ejection.
+        ``refused``: the connection was refused; a replica that never answered is then
+        ejected at once (nothing listens there)."""
         replica = lane.replica
         lane.failed += 1
         replica.failures += 1
         replica.last_error = message
+        replica.refused = refused
+        if refused and not replica.answered:
+            if replica.ejected_until <= time.monotonic():
+                self.eject(replica)
+            return
         if replica.failures < self.eject_after or replica.ejected_until > time.monotonic():
             return
         others_in = any(
@@ -431,7 +465,7 @@ class Dispatcher:
         replica.ejections += 1
         replica.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
-        problem = self._unavailable()
+        problem = self.unavailable()
         if problem is None:
             self._grant_all()
             return

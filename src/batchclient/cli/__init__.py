@@ -24,22 +24,33 @@ manage ``jobs`` (guide: ``docs/jobs.md``), and ``bench`` every mode on identical
     batchclient providers [NAME]
 
 ``run``, ``serve``, ``jobs``, ``cache`` and ``lm-eval`` take ``--state-dir`` (default
-``$BATCHCLIENT_STATE_DIR`` or the user data directory). Subcommands register themselves in
-:data:`COMMANDS`; add one with a
-function that takes the subparsers and the shared parent parser.
+``$BATCHCLIENT_STATE_DIR`` or the user data directory); ``batchclient --version`` prints the
+version. Subcommands register themselves in :data:`COMMANDS`; add one with a function that
+takes the subparsers and the shared parent parser. Help is printed as plain text: reST markup in
+a description or a flag's help (literals, roles) is shown without it (:func:`plain`).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from .._engine_defaults import quick_engine_stops
+from .._version import __version__
 from ..errors import BatchClientError, ConfigurationError
 from ..jobs import default_state_dir
 from ._signals import exit_now, sigterm_as_interrupt
+
+DESCRIPTION = (
+    "Batch inference for LLM evaluations: run an OpenAI batch file (like vllm run-batch, but "
+    "durable and resumable), serve the OpenAI Files + Batches API over HTTP, manage jobs and "
+    "the result cache, benchmark every mode on identical requests, and run lm-evaluation-harness "
+    "over any provider. Guides: README.md and docs/ (server.md, jobs.md, benchmarks.md, evals.md)."
+)
 
 Handler = Callable[[argparse.Namespace], int]
 Register = Callable[
@@ -112,7 +123,7 @@ def _add_demo(
         help="the main job: ShareGPT conversations through a local vLLM server, batched and not",
         description="Sample ShareGPT V3 conversations, start the real vLLM OpenAI server with the "
         "bundled model, run them with many in flight and a few one at a time, print the table and "
-        "write every answer (what `make demo` runs first).",
+        "write every answer (what make demo runs first).",
     )
     add_demo_arguments(p)
     p.set_defaults(func=demo_command)
@@ -161,8 +172,8 @@ def _add_lm_eval(
         "lm-eval",
         parents=[common],
         help="run lm-evaluation-harness with batchclient as its model",
-        description="lm-evaluation-harness with `--model batchclient` over the remote or "
-        "inline provider; arguments after `--` go to lm-eval unchanged. Answers are kept in "
+        description="lm-evaluation-harness with --model batchclient over the remote or "
+        "inline provider; arguments after -- go to lm-eval unchanged. Answers are kept in "
         "the state directory: a re-run of the same eval sends nothing. Needs the eval extra "
         "(pip install 'batchclient[eval]'). Guide: docs/evals.md.",
     )
@@ -183,6 +194,37 @@ COMMANDS: list[Register] = [
 """Subcommand registrars, in help order."""
 
 
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`]*)`")
+_LITERAL = re.compile(r"``([^`]*)``|`([^`]*)`|\*\*([^*]*)\*\*")
+
+
+def plain(text: str) -> str:
+    """``text`` without reST markup, as ``--help`` prints it: a role's target
+    (``:class:`~a.B``` -> ``B``, ``:data:`X``` -> ``X``), and the content of literals (double or
+    single backticks) and ``**bold**``."""
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return _LITERAL.sub(lambda m: m[1] or m[2] or m[3] or "", text)
+
+
+class _PlainFormatter(argparse.HelpFormatter):
+    """argparse's formatter over :func:`plain` text: descriptions and every flag's help."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain(super()._expand_help(action))
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that prints plain help; its subparsers are ``_Parser`` too
+    (``add_subparsers`` makes them of the parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _PlainFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -191,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,  # so `jobs --state-dir X list` is not reset by `list`
         help=f"where files, jobs and results are kept (default: {default_state_dir()})",
     )
-    parser = argparse.ArgumentParser(prog="batchclient", description=__doc__.split("\n\n")[0])
+    parser: argparse.ArgumentParser = _Parser(prog="batchclient", description=DESCRIPTION)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"batchclient {__version__}",
+        help="print the version",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for register in COMMANDS:
         register(sub, common)

@@ -62,7 +62,7 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
         "lm_eval_args",
         nargs="*",
         metavar="-- LM_EVAL_ARGS",
-        help="lm-eval's own arguments after `--` (--tasks, --include_path, --limit, ...)",
+        help="lm-eval's own arguments after -- (--tasks, --include_path, --limit, ...)",
     )
 
 

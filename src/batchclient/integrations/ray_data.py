@@ -9,9 +9,12 @@ per-row answer or error (never a failed dataset for one bad row).
 - :func:`infer`: a ``Dataset`` of requests -> a ``Dataset`` of results through the replicas of
   an open :class:`~batchclient.RayBatchInference` (the Ray Data actors share its engines).
 
-Ray Data LLM's own processor drops rows that fail; here every row gets ``error_code`` and
-``error_message`` instead (the codes of :class:`~batchclient.ErrorCode`). Guide and example:
-``docs/scale-out.md``. Importing this module does not import Ray.
+Ray Data LLM's own processor fails the dataset on a row's error by default; with
+``should_continue_on_error=True`` it emits the failed row with the error's text in an
+``__inference_error__`` column (ray-project/ray PRs #59212 and #60572). Here every row gets
+``error_code`` (one of :class:`~batchclient.ErrorCode`) and ``error_message`` without a
+setting, so failures can be counted by kind. Guide and example: ``docs/scale-out.md``.
+Importing this module does not import Ray.
 """
 
 from __future__ import annotations

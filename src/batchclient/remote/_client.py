@@ -239,6 +239,7 @@ class RemoteProvider(Provider):
                 resp = await replica.pool.request(
                     "GET", "/models", timeout=self.timeouts.list_models_s
                 )
+                replica.answered = True
                 data = load_json(resp.body) if resp.status == 200 else None
             except (HttpError, HttpTimeout, ResponseTooLarge, ValueError):
                 continue
@@ -385,6 +386,8 @@ class RemoteProvider(Provider):
                 lane = await dispatcher.acquire(model, avoid, past_pause, key)
             except ReplicasUnavailable as exc:
                 result = failed(ErrorCode.endpoint_unavailable, str(exc))
+                if exc.final:  # nothing listens anywhere: retrying only delays the error
+                    return result
                 raise RetryableFailure(
                     result, min(exc.wait_s, self.retry.retry_after_cap_s)
                 ) from None
@@ -407,11 +410,16 @@ class RemoteProvider(Provider):
                 msg = f"no answer within {self.timeout_s:g} s of sending"
                 raise RetryableFailure(failed(ErrorCode.timeout, msg), replica=replica) from None
             except HttpError as exc:
-                dispatcher.on_failure(lane, str(exc), connection=True)
+                dispatcher.on_failure(lane, str(exc), connection=True, refused=exc.refused)
+                problem = dispatcher.unavailable() if exc.refused else None
+                if problem is not None and problem.final:  # nothing listens anywhere
+                    return failed(ErrorCode.endpoint_unavailable, str(problem))
                 result = failed(ErrorCode.connection_error, f"{replica.base_url}: {exc}")
                 raise RetryableFailure(result, replica=replica) from None
             except ResponseTooLarge as exc:  # the same answer again on a retry: not retried
+                replica.answered = True
                 return failed(ErrorCode.response_too_large, f"{replica.base_url}: {exc}")
+            replica.answered = True
             parsed: Any = None
             if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)

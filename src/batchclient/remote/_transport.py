@@ -39,7 +39,13 @@ __all__ = ["HttpError", "HttpResponse", "HttpTimeout", "ResponseTooLarge", "Tran
 
 
 class HttpError(Exception):
-    """No usable answer: could not connect, reset, malformed HTTP, TLS or proxy failure."""
+    """No usable answer: could not connect, reset, malformed HTTP, TLS or proxy failure.
+    ``refused``: the connection was refused (nothing listens at that address: no server, or
+    one restarting), which is not a slow or failing server."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class HttpTimeout(Exception):
@@ -238,7 +244,10 @@ class Transport:
             if isinstance(exc, errors.ConnectionTimeoutError):
                 return HttpError(f"cannot connect to {self._where()}: timed out")
             return HttpTimeout()
-        return HttpError(self._describe(exc))
+        refused = isinstance(exc, errors.ClientConnectorError) and isinstance(
+            exc.os_error, ConnectionRefusedError
+        )
+        return HttpError(self._describe(exc), refused=refused)
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes | bytearray:
         cap = self.max_response_bytes

@@ -51,10 +51,7 @@ from ._guard import Guard
 from ._middleware import ROUTE_SCOPE_KEY, TENANT_SCOPE_KEY, Observed
 from ._tenants import Tenants
 
-_STATUSES = sorted(
-    {"validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-     "cancelled"} | set(BatchStatus.ACTIVE)
-)  # fmt: skip
+_STATUSES = sorted(BatchStatus.ACTIVE | BatchStatus.TERMINAL)
 _REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _HTTP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 

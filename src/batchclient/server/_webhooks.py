@@ -51,10 +51,10 @@ from .._state import Migration, Schema
 from .._version import __version__
 from ..errors import ConfigurationError
 from ..jobs import Store
+from ..types import BatchStatus
 
 logger = logging.getLogger("batchclient.server.webhooks")
 
-TERMINAL = ("cancelled", "completed", "expired", "failed")
 SECRET_PREFIX = "whsec_"
 MIN_SECRET_BYTES = 24
 """The Standard Webhooks specification: secrets are 24 to 64 random bytes."""
@@ -64,7 +64,7 @@ POLL_S = 1.0
 BASE_DELAY_S = 1.0
 """The wait after a first failed attempt, seconds (doubled after each next one)."""
 
-_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL) + ")"
+_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(BatchStatus.TERMINAL)) + ")"
 _INSERT_EVENT = (
     "INSERT OR IGNORE INTO webhook_events (id, batch_id, type, created_at) VALUES "
     "('evt_' || lower(hex(randomblob(16))), NEW.id, 'batch.' || NEW.status, "

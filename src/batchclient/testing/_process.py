@@ -1,32 +1,13 @@
-"""The stub server as its own process: ``python -m batchclient.testing stub [options]``.
+"""Servers as their own processes: ``python -m batchclient.testing stub [options]`` (the stub)
+and ``python -m batchclient.testing vllm [options]`` (the real vLLM server with the bundled
+model, for trying the README's examples; :func:`.vllm_server`).
 
 Benchmarks need the stub on another core than the client (and an endpoint they can really
 kill), so the stub runs as a child process; :class:`StubProcess` starts one and stops it.
 The process prints one line ``READY http://127.0.0.1:PORT/v1`` once it listens, and serves
 ``GET /stats`` (JSON counters: requests, max_in_flight, by_status).
 
-Options (seconds for times):
-  --port P                  TCP port on 127.0.0.1 (0 = any free one; the READY line tells)
-  --latency S, --jitter S   time to answer each request (+ uniform jitter)
-  --capacity N              answer 429 to requests arriving while N are in flight
-  --capacity-retry-after V  Retry-After on those 429s: seconds, or ``date:S`` (an HTTP date)
-  --capacity-status S       answer S (429 or 503) above the capacity (default 429)
-  --reject-after-work       refuse above the capacity only after --latency (an overloaded
-                            backend behind a queue) instead of at once
-  --capacity-at T:N         the capacity is N from T seconds after the start on (repeatable)
-  --burst STATUS:START:DURATION[:RETRY_AFTER]
-                            answer STATUS to every request arriving in that window (repeatable)
-  --quota N:PERIOD          at most N requests per PERIOD-second window (a quota gateway: 429
-                            above it), announced in x-ratelimit-* headers
-  --token-quota N:PERIOD    the same for tokens (prompt words + max_tokens)
-  --no-quota-headers        enforce the quotas without announcing them
-  --quota-retry-after       add Retry-After (seconds to the window's end) to the quota's 429s
-  --quota-style STYLE       how the quota is announced: openai (default), seconds, epoch,
-                            azure, generic (``StubServer``'s ``quota_style``)
-  --fast                    the lean asyncio responder (latency and capacity only; for the
-                            client-headroom benchmark, where aiohttp.web would be the bottleneck)
-  --cpu N                   pin the process to CPU core N
-  --uvloop                  run on uvloop (the stub is not what is measured)
+Options: ``python -m batchclient.testing stub --help`` (and ``vllm --help``).
 """
 
 from __future__ import annotations
@@ -79,37 +60,154 @@ def _capacity_at(spec: str) -> tuple[float, int]:
         raise argparse.ArgumentTypeError("--capacity-at is T:N (seconds:requests)") from None
 
 
+_STUB_HELP = (
+    "An OpenAI-compatible stub server on 127.0.0.1 that answers every chat request with "
+    '"echo: <the last user message>" (model smollm2), with latency, capacity limits, quotas and '
+    "faults on demand. Prints READY <base URL> once it listens; GET /stats gives its counters. "
+    "Stops on Ctrl-C or SIGTERM. Times are in seconds."
+)
+_VLLM_HELP = (
+    "The real vLLM OpenAI server on 127.0.0.1 with the bundled SmolLM2-135M-Instruct served as "
+    "smollm2 (converted on first use, about 30 s; the server starts in about a minute on 2 CPU "
+    "cores). Prints READY <base URL> once it answers; Ctrl-C or SIGTERM stops it and every "
+    "process it started."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m batchclient.testing")
+    parser = argparse.ArgumentParser(
+        prog="python -m batchclient.testing",
+        description="Loopback servers for trying batchclient and for its tests and benchmarks.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     stub = sub.add_parser(
-        "stub",
-        help="run the fault-injecting stub server",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "stub", help="run the fault-injecting stub server", description=_STUB_HELP
     )
-    stub.add_argument("--port", type=int, default=0)
-    stub.add_argument("--latency", type=float, default=0.0)
-    stub.add_argument("--jitter", type=float, default=0.0)
-    stub.add_argument("--capacity", type=int, default=None)
-    stub.add_argument("--capacity-retry-after", default=None)
-    stub.add_argument("--capacity-status", type=int, default=429)
-    stub.add_argument("--reject-after-work", action="store_true")
-    stub.add_argument("--capacity-at", type=_capacity_at, action="append", default=[])
-    stub.add_argument("--burst", type=_burst, action="append", default=[])
-    stub.add_argument("--quota", type=_quota, default=None)
-    stub.add_argument("--token-quota", type=_quota, default=None)
-    stub.add_argument("--no-quota-headers", action="store_true")
-    stub.add_argument("--quota-retry-after", action="store_true")
-    stub.add_argument("--quota-style", choices=QUOTA_STYLES, default="openai")
-    stub.add_argument("--fast", action="store_true")
-    stub.add_argument("--cpu", type=int, default=None)
-    stub.add_argument("--uvloop", action="store_true")
+    stub.add_argument(
+        "--port",
+        metavar="P",
+        type=int,
+        default=0,
+        help="TCP port (default 0: any free one; READY tells)",
+    )
+    stub.add_argument(
+        "--latency", metavar="S", type=float, default=0.0, help="seconds to answer each request"
+    )
+    stub.add_argument(
+        "--jitter", metavar="S", type=float, default=0.0, help="+ up to this many seconds"
+    )
+    stub.add_argument(
+        "--capacity",
+        metavar="N",
+        type=int,
+        default=None,
+        help="refuse requests arriving while N are in flight",
+    )
+    stub.add_argument(
+        "--capacity-retry-after",
+        metavar="V",
+        default=None,
+        help="Retry-After on those refusals: seconds, or date:S (an HTTP date S seconds ahead)",
+    )
+    stub.add_argument(
+        "--capacity-status",
+        metavar="STATUS",
+        type=int,
+        default=429,
+        help="status above the capacity (429 or 503)",
+    )
+    stub.add_argument(
+        "--reject-after-work",
+        action="store_true",
+        help="refuse above the capacity only after --latency (a backend behind a queue)",
+    )
+    stub.add_argument(
+        "--capacity-at",
+        metavar="T:N",
+        type=_capacity_at,
+        action="append",
+        default=[],
+        help="T:N: the capacity is N from T seconds after the start on (repeatable)",
+    )
+    stub.add_argument(
+        "--burst",
+        metavar="SPEC",
+        type=_burst,
+        action="append",
+        default=[],
+        help="STATUS:START:DURATION[:RETRY_AFTER]: answer STATUS to every request arriving in "
+        "that window (repeatable)",
+    )
+    stub.add_argument(
+        "--quota",
+        metavar="N:PERIOD",
+        type=_quota,
+        default=None,
+        help="N:PERIOD: at most N requests per PERIOD-second window (429 above it), announced "
+        "in x-ratelimit-* headers",
+    )
+    stub.add_argument(
+        "--token-quota",
+        metavar="N:PERIOD",
+        type=_quota,
+        default=None,
+        help="N:PERIOD: the same for tokens (prompt words + max_tokens)",
+    )
+    stub.add_argument(
+        "--no-quota-headers", action="store_true", help="enforce the quotas without announcing them"
+    )
+    stub.add_argument(
+        "--quota-retry-after",
+        action="store_true",
+        help="add Retry-After (seconds to the window's end) to the quota's 429s",
+    )
+    stub.add_argument(
+        "--quota-style",
+        metavar="STYLE",
+        choices=QUOTA_STYLES,
+        default="openai",
+        help="how the quota is announced (default openai)",
+    )
+    stub.add_argument(
+        "--fast",
+        action="store_true",
+        help="the lean asyncio responder: --latency and --capacity only (for the client-headroom "
+        "benchmark)",
+    )
+    stub.add_argument(
+        "--cpu", metavar="N", type=int, default=None, help="pin the process to CPU core N"
+    )
+    stub.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    vllm = sub.add_parser(
+        "vllm", help="run the real vLLM server with the bundled model", description=_VLLM_HELP
+    )
+    vllm.add_argument(
+        "--port", metavar="P", type=int, default=0, help="TCP port (default 0: any free one)"
+    )
+    vllm.add_argument(
+        "--model",
+        metavar="M",
+        default=None,
+        help="a model directory or hub id (default: the bundled model)",
+    )
+    vllm.add_argument(
+        "--max-model-len",
+        metavar="N",
+        type=int,
+        default=2048,
+        help="context length in tokens (default 2048)",
+    )
+    vllm.add_argument(
+        "--verbose", action="store_true", help="show the server's own output as it comes"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "vllm":
+        _run_vllm(args)
+        return
     # pin only to a core that exists (on a one-core machine there is nothing to pin)
     if (
         args.cpu is not None
@@ -149,6 +247,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     with server:
         print(f"READY {server.url}", flush=True)
         done.wait()
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_vllm(args: argparse.Namespace) -> None:
+    """The real server until Ctrl-C or SIGTERM (both interrupt the start-up too: leaving
+    ``vllm_server`` stops every process it started)."""
+    from ._vllm_server import vllm_server
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    print("starting the vLLM server (about a minute)...", file=sys.stderr, flush=True)
+    try:
+        with vllm_server(
+            args.model,
+            port=args.port or None,
+            max_model_len=args.max_model_len,
+            verbose=args.verbose,
+        ) as url:
+            print(f"READY {url}", flush=True)
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
 
 
 async def _run_fast(args: argparse.Namespace, done: threading.Event) -> None:

@@ -231,9 +231,13 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
     # ------------------------------------------------------------------ requests
 
     def _scope(self) -> dict[str, Any]:
+        """What decides an answer besides its request: the weights serving the model
+        (``cache_identity``: the served ``root``... for remote, the model path and engine
+        arguments inline, so other weights under the same name are asked again), the model
+        name and the tokenizer."""
         client = self._the_client()
         return {
-            "identity": client.provider.identity(),
+            "identity": self._call(client.provider.cache_identity, self.model),
             "model": self.model,
             "tokenizer": self._tokenizer_arg,
         }

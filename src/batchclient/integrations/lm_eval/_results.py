@@ -4,11 +4,12 @@ The result cache keys HTTP-like requests; an lm-eval answer is not one: a ``logl
 score comes from a tokenisation and one scoring request (or a ``/tokenize`` call first), a
 rolling one from several windows. So an answer is stored under its own key, the SHA-256 of what
 decides it: the kind of request (``loglikelihood``, ``loglikelihood_rolling``,
-``generate_until``), the provider's identity (``Provider.identity()``: remote base URL, inline
-model), the model name, the tokenizer the scores were cut with, and the request's own
-arguments. It is a cache row like any other (endpoint ``lm-eval/<kind>``, the model, status
-200, body ``{"answer": ...}``), in the state directory's ``batchclient.sqlite3``: ``batchclient
-cache stats`` counts it and ``batchclient cache clear`` removes it.
+``generate_until``), which weights answer the model (``Provider.cache_identity``: remote base
+URLs and what ``/v1/models`` reports, ``root`` included; inline, the model path and the engine
+arguments that change outputs), the model name, the tokenizer the scores were cut with, and the
+request's own arguments. It is a cache row like any other (endpoint ``lm-eval/<kind>``, the
+model, status 200, body ``{"answer": ...}``), in the state directory's ``batchclient.sqlite3``:
+``batchclient cache stats`` counts it and ``batchclient cache clear`` removes it.
 
 A re-run of the same eval finds every answer here and sends nothing; an interrupted one sends
 only what is missing. Answers are written in small groups as they arrive (the cache's: at most
@@ -31,7 +32,7 @@ ENDPOINT = "lm-eval/{kind}"
 
 
 def request_key(scope: Any, kind: str, args: Any) -> str:
-    """The key of one request: ``scope`` (provider identity, model, tokenizer) + kind + args,
+    """The key of one request: ``scope`` (the weights' identity, model, tokenizer) + kind + args,
     as canonical JSON, hashed."""
     text = json.dumps([scope, kind, args], sort_keys=True, ensure_ascii=False, default=str)
     return "lm-eval:" + hashlib.sha256(text.encode()).hexdigest()
