@@ -11,13 +11,14 @@ starting one.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from batchclient import VLLMBatchInference
-from batchclient.testing import vllm_server
+from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
 
@@ -34,8 +35,32 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
 # user's own store is at.
 os.environ["BATCHCLIENT_STATE_DIR"] = tempfile.mkdtemp(prefix="batchclient-tests-")
 
+SLOW_IMPORTS = ("torch", "transformers", "vllm", "ray")
+"""Libraries that take seconds to import. Every pytest-xdist worker collects every module, so
+one imported at a module's top costs each worker those seconds in every run, even where the
+tests that need it are deselected: tests import them where they use them."""
+IMPORTED_AT_COLLECTION = pytest.StashKey[list[str]]()
+"""Which of :data:`SLOW_IMPORTS` this process had imported when collection finished
+(``test_layout.py`` checks it is none)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    loaded = [name for name in SLOW_IMPORTS if name in sys.modules]
+    session.config.stash[IMPORTED_AT_COLLECTION] = loaded
+
+
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
+
+
+@pytest.fixture(scope="module")
+def stub(request: pytest.FixtureRequest) -> Iterator[StubServer]:
+    """A loopback ``StubServer`` shared by the module's tests, built with the keyword arguments
+    of the module's ``stub`` marker (``pytestmark = pytest.mark.stub(faults=[...])``), if any.
+    Shared: a test that counts requests counts from what the stub had when it began."""
+    marker = request.node.get_closest_marker("stub")
+    with StubServer(**(marker.kwargs if marker else {})) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

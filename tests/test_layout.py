@@ -227,3 +227,12 @@ def test_public_modules_import_alone_without_vllm(module: str) -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_collecting_the_tests_imports_no_slow_library(pytestconfig: pytest.Config) -> None:
+    """No test module imports torch, transformers, vLLM or Ray at its top: every pytest-xdist
+    worker collects every module, and pays each such import in every run."""
+    from conftest import IMPORTED_AT_COLLECTION
+
+    loaded = pytestconfig.stash[IMPORTED_AT_COLLECTION]
+    assert loaded == [], f"import {', '.join(loaded)} inside the test or fixture that needs it"
