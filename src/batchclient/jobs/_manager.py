@@ -306,10 +306,11 @@ class JobManager:
                         HEARTBEAT_S,
                     )
         finally:
-            self._running.pop(running.job_id, None)
-            running.done.set()
+            # the lease goes first: whoever waited for the job may resume it at once
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await to_thread.run_sync(store.release, running.job_id, self.owner)
+            self._running.pop(running.job_id, None)
+            running.done.set()
 
     async def _record_failure(self, job_id: str, error: BatchError, failed_at: int) -> bool:
         """Write the batch's failure and free its lease; whether that could be written."""
