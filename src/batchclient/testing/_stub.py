@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -67,7 +68,9 @@ QUOTA_STYLES = ("openai", "seconds", "epoch", "azure", "generic")
 class StubReply:
     """What the stub does for one request. ``action``: ``"answer"`` (``status`` + ``body``),
     ``"reset"`` (drop the connection without an answer), ``"slow"`` (send headers, then stall
-    ``delay_s`` before the body). ``body`` None means the normal ChatCompletion."""
+    ``delay_s`` before the body). ``body`` None means the normal ChatCompletion. ``hold``: the
+    answer waits until this event is set (requests kept in flight until a test lets them go,
+    whatever the machine's speed)."""
 
     status: int = 200
     body: Any = None
@@ -75,6 +78,7 @@ class StubReply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     action: str = "answer"
+    hold: threading.Event | None = None
 
 
 @dataclass
@@ -362,14 +366,7 @@ class StubServer:
         elapsed = time.monotonic() - self._started
         for fault in self.faults:
             if fault.applies(text, attempt, elapsed):
-                reply = StubReply(
-                    status=fault.reply.status,
-                    body=fault.reply.body,
-                    raw=fault.reply.raw,
-                    headers=dict(fault.reply.headers),
-                    delay_s=fault.reply.delay_s,
-                    action=fault.reply.action,
-                )
+                reply = dataclasses.replace(fault.reply, headers=dict(fault.reply.headers))
                 if fault.retry_after is not None:
                     reply.headers["Retry-After"] = _retry_after_value(fault.retry_after)
                 return reply
@@ -460,6 +457,9 @@ class StubServer:
             delay += reply.delay_s if reply.action != "slow" else 0.0
         if delay > 0:
             await asyncio.sleep(delay)
+        # a threading.Event, set from the test's thread: polled, as no thread may block on it
+        while reply is not None and reply.hold is not None and not reply.hold.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         if reply is None:
             model = body.get("model")
             if self.models and model not in self.models:
