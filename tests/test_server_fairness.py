@@ -6,12 +6,14 @@ stub and read the order in which their requests reached it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from batchclient import RemoteProvider
@@ -164,15 +166,17 @@ def test_a_small_batch_shares_the_capacity_with_another_tenants_large_ones(
             shared = wait_batch(sdk(url, KEY_B), _start(url, KEY_B, small, "b"))
             shared_s = time.monotonic() - started
             assert shared.request_counts.completed == small
-            a_state = [sdk(url, KEY_A).batches.retrieve(b).status for b in big]
             texts = _texts(stub)
             for batch_id in big:
-                sdk(url, KEY_A).batches.cancel(batch_id)
+                # one may have completed meanwhile on a slow machine: nothing left to cancel
+                with contextlib.suppress(openai.ConflictError):
+                    sdk(url, KEY_A).batches.cancel(batch_id)
     b_at = [i for i, t in enumerate(texts) if t.startswith("b ")]
     a_between = sum(1 for t in texts[b_at[0] : b_at[-1]] if t.startswith("a"))
     assert len(b_at) == small
     assert a_between <= small + capacity, (a_between, texts[b_at[0] : b_at[-1] + 1])
-    assert "in_progress" in a_state, a_state  # B did not wait for A
+    # B did not wait for A: when B was done, A still had lines to send
+    assert len(texts) < 2 * small + 5 * 40, len(texts)
     assert shared_s < 2 * alone_s + 1.0, (shared_s, alone_s)
 
 
