@@ -108,6 +108,53 @@ async def pooling_client() -> AsyncIterator[VLLMBatchInference]:
         yield client
 
 
+def computes_in_float32() -> bool:
+    """Whether the session's server and inline engine compute in float32: their dtype is
+    chosen by the hardware, float32 on a CPU without bfloat16 arithmetic."""
+    from batchclient import _engine_defaults as defaults
+
+    return defaults.choose_dtype(cpu=defaults.vllm_on_cpu()).value == "float32"
+
+
+@pytest.fixture(scope="session")
+def float32_client(request: pytest.FixtureRequest) -> VLLMBatchInference:
+    """An open engine on the bundled model that computes in float32 (in bfloat16 a score's last
+    bits move with how the engine batched it, so two ways of scoring cannot be compared
+    exactly): the session's inline engine where it runs float32 already, else one of its own.
+    Tests that change its provider's settings put them back."""
+    name = "inline_client" if computes_in_float32() else "own_float32_client"
+    client: VLLMBatchInference = request.getfixturevalue(name)
+    return client
+
+
+@pytest.fixture(scope="session")
+async def own_float32_client() -> AsyncIterator[VLLMBatchInference]:
+    """The float32 engine on a machine whose session engine runs bfloat16 (512 MiB KV cache)."""
+    async with VLLMBatchInference(
+        max_model_len=2048,
+        dtype="float32",
+        kv_cache_memory_bytes=512 << 20,
+        max_concurrency=INLINE_MAX_CONCURRENCY,
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def float32_url(request: pytest.FixtureRequest) -> str:
+    """Base URL of a real vLLM server that computes in float32 (see ``float32_client``): the
+    session's server where it runs float32 already, else one of its own."""
+    url: str = request.getfixturevalue("vllm_url" if computes_in_float32() else "own_float32_url")
+    return url
+
+
+@pytest.fixture(scope="session")
+def own_float32_url() -> Iterator[str]:
+    """The float32 server on a machine whose session server runs bfloat16."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING}
+    with vllm_server(max_model_len=2048, dtype="float32", env=env) as url:
+        yield url
+
+
 @pytest.fixture(
     params=[
         pytest.param("remote", marks=pytest.mark.server),

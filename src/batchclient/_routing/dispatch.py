@@ -37,6 +37,9 @@
   :class:`EndpointUnavailable` (retried by the caller until its attempts run out: never a hang).
   A 5xx never ejects the last endpoint still in (backoff paces it instead); a connection failure
   may.
+
+Times are read from the dispatcher's ``clock`` (``time.monotonic``; the lanes' adaptive limits
+read the same one), so tests drive ejection, pauses and holds on a fake clock.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +164,7 @@ class Replica:
     ejections: int = 0
     last_error: str = ""
     number: int = 0  # its position among the dispatcher's endpoints: the rendezvous salt
+    clock: Callable[[], float] = time.monotonic  # the dispatcher's
 
     def in_flight(self) -> int:
         return sum(lane.in_use for lane in self.lanes.values())
@@ -167,7 +172,7 @@ class Replica:
     def lane(self, model: str) -> Lane:
         lane = self.lanes.get(model)
         if lane is None:
-            control = AdaptiveLimit(self.settings, self.adaptive)
+            control = AdaptiveLimit(self.settings, self.adaptive, clock=self.clock)
             lane = self.lanes[model] = Lane(self, model, control)
             # enough for every success that can overlap one request: at most the limit was in
             # flight when it arrived, and as many again may be answered before its refusal
@@ -180,12 +185,22 @@ _NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their R
 
 
 class Dispatcher:
-    """Hands out lane slots across endpoints (see the module docstring)."""
+    """Hands out lane slots across endpoints (see the module docstring). ``clock``: seconds,
+    monotonic; the ``sent_at`` times handed to the outcome calls are read from it too."""
 
-    def __init__(self, endpoints: list[Replica], *, eject_after: int, eject_s: float) -> None:
+    def __init__(
+        self,
+        endpoints: list[Replica],
+        *,
+        eject_after: int,
+        eject_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.endpoints = endpoints
+        self.clock = clock
         for number, ep in enumerate(endpoints):
             ep.number = number
+            ep.clock = clock
         self.eject_after = eject_after
         self.eject_s = eject_s
         self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
@@ -203,7 +218,7 @@ class Dispatcher:
         the key's rendezvous ranking), or None. While some usable endpoint has rpm/tpm room,
         endpoints without it are skipped (better to wait for a slot there than to hold one here
         waiting for the bucket); the endpoint to avoid comes last."""
-        now = time.monotonic()
+        now = self.clock()
         if len(self.endpoints) == 1:  # the common case, kept cheap
             ep = self.endpoints[0]
             if (
@@ -304,7 +319,7 @@ class Dispatcher:
             raise problem
 
     def _unavailable(self) -> EndpointUnavailable | None:
-        now = time.monotonic()
+        now = self.clock()
         back = [ep.ejected_until for ep in self.endpoints]
         if not all(t > now for t in back):
             return None
@@ -349,7 +364,7 @@ class Dispatcher:
         ep.failures = 0
         ep.recent.append(False)
         lane.succeeded += 1
-        lane.answered.append((sent_at, time.monotonic()))
+        lane.answered.append((sent_at, self.clock()))
         saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
         lane.control.on_success(sent_at, saturated)
         if lane.ramp != math.inf:
@@ -371,12 +386,12 @@ class Dispatcher:
         ep.recent.append(True)
         if quota_zero:
             if retry_after_s is not None and retry_after_s > 0:
-                ep.quota.refused_until(time.monotonic(), retry_after_s)
+                ep.quota.refused_until(self.clock(), retry_after_s)
             return
-        if self.endpoint_wide(ep) and not lane.serving_since(max(sent_at, time.monotonic() - 1.0)):
+        if self.endpoint_wide(ep) and not lane.serving_since(max(sent_at, self.clock() - 1.0)):
             lane.control.on_throttle(sent_at)
             if retry_after_s is not None and retry_after_s > 0:
-                self.pause(ep, time.monotonic() + retry_after_s)
+                self.pause(ep, self.clock() + retry_after_s)
         else:
             served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
             lane.control.on_throttle(sent_at, served=served)
@@ -396,9 +411,9 @@ class Dispatcher:
         lane.failed += 1
         ep.failures += 1
         ep.last_error = message
-        if ep.failures < self.eject_after or ep.ejected_until > time.monotonic():
+        if ep.failures < self.eject_after or ep.ejected_until > self.clock():
             return
-        others_in = any(e is not ep and e.ejected_until <= time.monotonic() for e in self.endpoints)
+        others_in = any(e is not ep and e.ejected_until <= self.clock() for e in self.endpoints)
         if connection or others_in:
             self.eject(ep)
 
@@ -409,7 +424,7 @@ class Dispatcher:
             return
         ep.paused_until = until
         loop = asyncio.get_running_loop()
-        loop.call_later(until - time.monotonic(), self._pause_ended, ep, until)
+        loop.call_later(until - self.clock(), self._pause_ended, ep, until)
 
     def _pause_ended(self, ep: Replica, until: float) -> None:
         if ep.paused_until != until:  # extended meanwhile: a later timer ends it
@@ -419,7 +434,7 @@ class Dispatcher:
         self._grant_all()
 
     def eject(self, ep: Replica) -> None:
-        ep.ejected_until = time.monotonic() + self.eject_s
+        ep.ejected_until = self.clock() + self.eject_s
         ep.ejections += 1
         ep.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
@@ -444,7 +459,7 @@ class Dispatcher:
     # ------------------------------------------------------------------ reporting
 
     def stats(self) -> list[LaneStats]:
-        now = time.monotonic()
+        now = self.clock()
         return [
             LaneStats(
                 url=ep.base_url,
@@ -466,7 +481,7 @@ class Dispatcher:
 
     def concurrency_limit(self) -> int:
         """The sum of the current limits of the endpoints that are in (for progress reports)."""
-        now = time.monotonic()
+        now = self.clock()
         total = 0
         for ep in self.endpoints:
             if ep.ejected_until > now:
