@@ -49,6 +49,42 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[IMPORTED_AT_COLLECTION] = loaded
 
 
+VLLM_GROUP = "vllm"
+"""The pytest-xdist group of every ``server`` and ``engine`` test: under ``--dist loadgroup``
+(``make test``) one worker runs them all and starts each session server and engine once,
+while the other workers run the rest."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("server") or item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
+    if config.getoption("loadgroup", default=False):
+        _name_the_groups(items)
+
+
+def _name_the_groups(items: list[pytest.Item]) -> None:
+    """pytest-xdist 3.8 tells its scheduler a test's ``xdist_group`` by renaming the test
+    (``<node id>@<group>``), which pytest 9.2 no longer sees: its node ids are structured
+    (pytest-dev/pytest-xdist#1386), and the groups silently stop holding. The same rename, on
+    the structured id (``test_layout.py`` checks that it reaches the scheduler)."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        nodeid = item.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):
+            continue  # renamed by pytest-xdist itself
+        groups = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        if groups:
+            item._id = NodeId.parse(f"{nodeid}@{'_'.join(groups)}")
+
+
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
 

@@ -236,3 +236,13 @@ def test_collecting_the_tests_imports_no_slow_library(pytestconfig: pytest.Confi
 
     loaded = pytestconfig.stash[IMPORTED_AT_COLLECTION]
     assert loaded == [], f"import {', '.join(loaded)} inside the test or fixture that needs it"
+
+
+@pytest.mark.xdist_group("torch")
+def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` a grouped test's node id ends in its group, which is what
+    pytest-xdist's scheduler groups by (``conftest.py`` names the groups where pytest-xdist's
+    own renaming no longer takes)."""
+    if not request.config.getoption("loadgroup", default=False):
+        pytest.skip("runs under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@torch"), request.node.nodeid
