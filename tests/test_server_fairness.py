@@ -232,7 +232,9 @@ def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> 
             assert answer.status_code == 200, answer.text
             ahead = arrivals.index("call") - before
             for batch_id in big:
-                sdk(url, KEY_A).batches.cancel(batch_id)
+                # one may have completed meanwhile on a slow machine: nothing left to cancel
+                with contextlib.suppress(openai.ConflictError):
+                    sdk(url, KEY_A).batches.cancel(batch_id)
     # first come, first served, the five batches' waiting lines would reach the upstream first
     assert ahead <= 3, arrivals[before:]
 

@@ -113,7 +113,9 @@ class Fault:
 @dataclass
 class StubStats:
     """What the stub saw. ``max_in_flight`` is the most concurrent requests at once;
-    ``by_status`` counts answers by status (``0`` = connection reset)."""
+    ``by_status`` counts answers by status (``0`` = connection reset). With ``record_bodies``,
+    ``bodies`` holds every request body in arrival order (refused ones too) and
+    ``body_times`` when each arrived (``time.monotonic``)."""
 
     requests: int = 0
     in_flight: int = 0
@@ -121,6 +123,7 @@ class StubStats:
     by_status: Counter[int] = field(default_factory=Counter)
     arrivals: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    body_times: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The counters as JSON-ready data (served at ``GET /stats``)."""
@@ -399,6 +402,7 @@ class StubServer:
                 )
             if self.record_bodies:
                 stats.bodies.append(body)
+                stats.body_times.append(time.monotonic())
             key = raw.decode("utf-8", "replace")
             self._attempts[key] += 1
             attempt = self._attempts[key]
