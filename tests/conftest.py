@@ -11,13 +11,14 @@ starting one.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from batchclient import VLLMBatchInference
-from batchclient.testing import vllm_server
+from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
 
@@ -34,8 +35,68 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
 # user's own store is at.
 os.environ["BATCHCLIENT_STATE_DIR"] = tempfile.mkdtemp(prefix="batchclient-tests-")
 
+SLOW_IMPORTS = ("torch", "transformers", "vllm", "ray")
+"""Libraries that take seconds to import. Every pytest-xdist worker collects every module, so
+one imported at a module's top costs each worker those seconds in every run, even where the
+tests that need it are deselected: tests import them where they use them."""
+IMPORTED_AT_COLLECTION = pytest.StashKey[list[str]]()
+"""Which of :data:`SLOW_IMPORTS` this process had imported when collection finished
+(``test_layout.py`` checks it is none)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    loaded = [name for name in SLOW_IMPORTS if name in sys.modules]
+    session.config.stash[IMPORTED_AT_COLLECTION] = loaded
+
+
+VLLM_GROUP = "vllm"
+"""The pytest-xdist group of every ``server`` and ``engine`` test: under ``--dist loadgroup``
+(``make test``) one worker runs them all and starts each session server and engine once,
+while the other workers run the rest."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("server") or item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
+    if config.getoption("loadgroup", default=False):
+        _name_the_groups(items)
+
+
+def _name_the_groups(items: list[pytest.Item]) -> None:
+    """pytest-xdist 3.8 tells its scheduler a test's ``xdist_group`` by renaming the test
+    (``<node id>@<group>``), which pytest 9.2 no longer sees: its node ids are structured
+    (pytest-dev/pytest-xdist#1386), and the groups silently stop holding. The same rename, on
+    the structured id (``test_layout.py`` checks that it reaches the scheduler)."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        nodeid = item.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):
+            continue  # renamed by pytest-xdist itself
+        groups = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        if groups:
+            item._id = NodeId.parse(f"{nodeid}@{'_'.join(groups)}")
+
+
 INLINE_MAX_CONCURRENCY = 48
 """The session engine's window: small enough that tests can see it bound the engine."""
+
+
+@pytest.fixture(scope="module")
+def stub(request: pytest.FixtureRequest) -> Iterator[StubServer]:
+    """A loopback ``StubServer`` shared by the module's tests, built with the keyword arguments
+    of the module's ``stub`` marker (``pytestmark = pytest.mark.stub(faults=[...])``), if any.
+    Shared: a test that counts requests counts from what the stub had when it began."""
+    marker = request.node.get_closest_marker("stub")
+    with StubServer(**(marker.kwargs if marker else {})) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +142,53 @@ async def pooling_client() -> AsyncIterator[VLLMBatchInference]:
         kv_cache_memory_bytes=256 << 20,
     ) as client:
         yield client
+
+
+def computes_in_float32() -> bool:
+    """Whether the session's server and inline engine compute in float32: their dtype is
+    chosen by the hardware, float32 on a CPU without bfloat16 arithmetic."""
+    from batchclient import _engine_defaults as defaults
+
+    return defaults.choose_dtype(cpu=defaults.vllm_on_cpu()).value == "float32"
+
+
+@pytest.fixture(scope="session")
+def float32_client(request: pytest.FixtureRequest) -> VLLMBatchInference:
+    """An open engine on the bundled model that computes in float32 (in bfloat16 a score's last
+    bits move with how the engine batched it, so two ways of scoring cannot be compared
+    exactly): the session's inline engine where it runs float32 already, else one of its own.
+    Tests that change its provider's settings put them back."""
+    name = "inline_client" if computes_in_float32() else "own_float32_client"
+    client: VLLMBatchInference = request.getfixturevalue(name)
+    return client
+
+
+@pytest.fixture(scope="session")
+async def own_float32_client() -> AsyncIterator[VLLMBatchInference]:
+    """The float32 engine on a machine whose session engine runs bfloat16 (512 MiB KV cache)."""
+    async with VLLMBatchInference(
+        max_model_len=2048,
+        dtype="float32",
+        kv_cache_memory_bytes=512 << 20,
+        max_concurrency=INLINE_MAX_CONCURRENCY,
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def float32_url(request: pytest.FixtureRequest) -> str:
+    """Base URL of a real vLLM server that computes in float32 (see ``float32_client``): the
+    session's server where it runs float32 already, else one of its own."""
+    url: str = request.getfixturevalue("vllm_url" if computes_in_float32() else "own_float32_url")
+    return url
+
+
+@pytest.fixture(scope="session")
+def own_float32_url() -> Iterator[str]:
+    """The float32 server on a machine whose session server runs bfloat16."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING}
+    with vllm_server(max_model_len=2048, dtype="float32", env=env) as url:
+        yield url
 
 
 @pytest.fixture(

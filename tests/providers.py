@@ -24,11 +24,13 @@ MODEL = "smollm2"
 
 @cache
 def tokenizer() -> Any:
-    # imported here: transformers (and torch with it) takes seconds to import, and most test
-    # sessions (make test-fast) never count tokens
-    from transformers import AutoTokenizer
+    """The bundled model's Hugging Face tokenizer, as ``AutoTokenizer`` loads it: its
+    ``tokenizer_config.json`` names the generic fast class, which is loaded here directly
+    (``test_models.py`` checks that the two agree). ``AutoTokenizer`` would import transformers'
+    model registry, and torch and scikit-learn with it: 7 s of CPU in each test process."""
+    from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(bundled_model_path())
+    return PreTrainedTokenizerFast.from_pretrained(bundled_model_path(), local_files_only=True)
 
 
 def prompt_tokens(conversation: Sequence[dict[str, Any]]) -> int:

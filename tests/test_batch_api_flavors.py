@@ -72,7 +72,7 @@ async def test_an_unknown_status_keeps_polling_and_is_logged(
             async with client(stub, tmp_path) as c:
                 result = await c.batch_chat_completion("smollm2", convo(["a", "b", "c"]))
     assert all(i.error is None for i in result.batch)
-    assert stub.stats.polls >= 4
+    assert stub.stats.polls >= 4  # the odd ones, then at least one that saw it end
     assert any(odd in r.getMessage() and "in_progress" in r.getMessage() for r in caplog.records)
 
 

@@ -37,7 +37,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -302,11 +302,9 @@ TOO_LONG = StubReply(
 """OpenAI's answer to a prompt over the context, as the stub gives it to the overlong items."""
 
 
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    faults = [Fault(TOO_LONG, match="overlong overlong"), Fault(TOO_LONG, match=f"{OVERLONG_ID}, ")]
-    with StubServer(faults=faults) as server:
-        yield server
+pytestmark = pytest.mark.stub(
+    faults=[Fault(TOO_LONG, match="overlong overlong"), Fault(TOO_LONG, match=f"{OVERLONG_ID}, ")]
+)
 
 
 @pytest.fixture(scope="module")

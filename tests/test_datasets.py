@@ -11,15 +11,12 @@ import pytest
 
 from batchclient.datasets import SharegptSample, sample_sharegpt
 from batchclient.errors import ConfigurationError
+from providers import tokenizer as bundled_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from batchclient.models import bundled_model_path
-
-    return AutoTokenizer.from_pretrained(bundled_model_path(), local_files_only=True)
+    return bundled_tokenizer()
 
 
 def test_n_is_respected_and_samples_are_chat_ready(tokenizer: Any) -> None:

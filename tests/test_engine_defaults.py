@@ -137,6 +137,7 @@ def test_the_platform_check_imports_neither_vllm_nor_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.slow  # a child process that imports vLLM and torch: 7 s of CPU, 20 s on a busy one
 def test_this_machine_runs_vllm_on_the_cpu() -> None:
     """The cheap rule agrees with vLLM's own platform here (a CPU build)."""
     pytest.importorskip("vllm")

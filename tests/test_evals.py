@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from batchclient import (
 from batchclient._core.scoring import loglikelihood_requests
 from batchclient.integrations.lm_eval import BatchClientLM
 from batchclient.models import bundled_model_path
-from batchclient.testing import CountingProxy, vllm_server
+from batchclient.testing import CountingProxy
 from lm_eval_tasks import MC_TASK, write_tasks
 from lm_eval_util import OFFLINE, assert_same_run, evaluate, offline, read_output
 from providers import MODEL
@@ -52,19 +51,13 @@ def check_bad_input(got: Any) -> None:
 # ------------------------------------------------------------------------------ remote
 
 
-@pytest.fixture
-def float32_url() -> Iterator[str]:
-    """The real vLLM server in float32: in bfloat16 a score's last digits move with how the
-    server happened to batch it (docs/evals.md), so two clients could not be compared to 1e-4."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    with vllm_server(max_model_len=2048, dtype="float32", env=env) as url:
-        yield url
-
-
 @pytest.mark.server
 def test_remote_lm_equals_local_completions_and_a_rerun_sends_nothing(
     float32_url: str, tmp_path: Path
 ) -> None:
+    """On the session's float32 server (conftest): in bfloat16 a score's last digits move with
+    how the server happened to batch it (docs/evals.md), so two clients could not be compared
+    to 1e-4."""
     offline()
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
@@ -172,16 +165,16 @@ def lm_eval_vllm(tasks: Path, out: Path) -> None:
 
 
 @pytest.mark.engine
-async def test_inline_lm_equals_lm_evals_vllm_backend(tmp_path: Path) -> None:
-    """Both engines in float32 (see ``float32_url``), one after the other."""
+async def test_inline_lm_equals_lm_evals_vllm_backend(
+    float32_client: VLLMBatchInference, tmp_path: Path
+) -> None:
+    """Both engines in float32 (see ``float32_client``): lm-eval's own in a child process,
+    then ours."""
     tasks = write_tasks(tmp_path / "tasks")
     await anyio.to_thread.run_sync(lm_eval_vllm, tasks, tmp_path / "vllm")
     reference = read_output(tmp_path / "vllm")
-    async with VLLMBatchInference(
-        max_model_len=2048, dtype="float32", kv_cache_memory_bytes=1 << 30
-    ) as engine:
-        lm = BatchClientLM.for_client(engine, MODEL, state_dir=tmp_path / "state")
-        ours = await anyio.to_thread.run_sync(evaluate, lm, tmp_path / "tasks")
+    lm = BatchClientLM.for_client(float32_client, MODEL, state_dir=tmp_path / "state")
+    ours = await anyio.to_thread.run_sync(evaluate, lm, tmp_path / "tasks")
     assert_same_run(ours, reference)
     assert reference[0][MC_TASK]["acc,none"] == ours[0][MC_TASK]["acc,none"]
 

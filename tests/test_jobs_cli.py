@@ -183,8 +183,10 @@ def test_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> Non
 
 
 def test_cancelled_run_is_cancelled_from_another_process_and_rerun_reuses_its_results(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the run sees the cancel at its next heartbeat: every 0.1 s here (1 s by default)
+    monkeypatch.setenv("BATCHCLIENT_LEASE_TIMES", "heartbeat_s=0.1")
     inp = write_input(tmp_path / "in.jsonl", 120)
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     with StubServer(latency_s=0.2, jitter_s=0.2, record_bodies=True) as stub:

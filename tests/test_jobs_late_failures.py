@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,52 @@ async def test_a_file_where_the_output_folder_should_be_fails_the_batch_keeping_
     assert resumed.status == "in_progress" and resumed.errors is None
     assert done.status == "completed" and len(out) == 8
     assert stub.stats.requests == 8  # resuming sent nothing: every request had its result
+
+
+async def test_a_failed_batch_is_free_to_resume_once_wait_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wait`` returns once the job has let go of its lease, however slowly that is written (a
+    loaded machine): resuming right after it finds the lease free, and keeps it."""
+    from batchclient.jobs._store import DB_NAME, Store
+
+    def owner() -> str | None:
+        with sqlite3.connect(tmp_path / DB_NAME) as db:
+            (value,) = db.execute("SELECT owner FROM jobs WHERE id = ?", (batch.id,)).fetchone()
+        return None if value is None else str(value)
+
+    release = Store.release
+
+    def slow_release(self: Store, job_id: str, owner: str) -> None:
+        time.sleep(0.3)  # in a worker thread, as every store call
+        release(self, job_id, owner)
+
+    monkeypatch.setattr(Store, "release", slow_release)
+    monkeypatch.setattr("batchclient.jobs._runner.WRITE_RETRY", WriteRetry(1, 0.01, 0.02))
+    files = tmp_path / "files"
+    with StubServer(latency_s=0.1) as stub:
+        async with client(stub, tmp_path) as c:
+            record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(4)]))
+            batch = await c.batches.create(record.id)
+            with anyio.fail_after(30):
+                while stub.stats.requests == 0:  # the input file is open: swap the folder
+                    await anyio.sleep(0.01)
+            files.rename(tmp_path / "files.moved")  # no folder for the output files
+            files.write_text("a file where the folder of output files should be")
+            with anyio.fail_after(30):
+                failed = await c.batches.wait(batch.id)
+            owner_when_failed = owner()
+            files.unlink()
+            (tmp_path / "files.moved").rename(files)
+            resumed = await c.batches.resume(batch.id)
+            owner_when_resumed, mine = owner(), c._manager().owner  # type: ignore[attr-defined]
+            with anyio.fail_after(30):
+                done = await c.batches.wait(batch.id)
+    assert failed.status == "failed" and owner_when_failed is None
+    assert failed.errors is not None
+    assert failed.errors.data[0].code == ErrorCode.output_write_failed
+    assert resumed.status == "in_progress" and owner_when_resumed == mine
+    assert done.status == "completed" and stub.stats.requests == 4
 
 
 async def test_a_state_directory_moved_under_a_running_batch(tmp_path: Path) -> None:

@@ -34,13 +34,22 @@ from openai.types import Batch
 
 from batchclient import ErrorCode, RemoteBatchInference
 from batchclient.cli import main
-from batchclient.jobs import DB_NAME, WriteRetry
+from batchclient.errors import ConfigurationError
+from batchclient.jobs import DB_NAME, LeaseTimes, WriteRetry
 from batchclient.server import tenant_id
 from batchclient.testing import StubServer, free_port
 from jobs_util import FAST, jsonl, line, wait_sync
 from server_util import KEY_A, WINDOW, batch_file, is_envelope, ready, sdk, spawn, wait_batch
 
 PYTHONPATH = str(Path(__file__).parents[1] / "src")
+LEASE_TIMES = "BATCHCLIENT_LEASE_TIMES"
+
+
+@pytest.fixture(autouse=True)
+def short_lease_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heartbeats every 0.1 s and orphan scans every 0.2 s, in this process and in the servers
+    it starts (the lease stays 10 s): a test waits a scan, not seconds."""
+    monkeypatch.setenv(LEASE_TIMES, "heartbeat_s=0.1,orphan_scan_s=0.2")
 
 
 def _probe(*args: str) -> bool:
@@ -290,7 +299,7 @@ def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(tmp_pat
     assert owner_a.split(":")[1] == "1" and owner_b.split(":")[1] == "1"  # both PID 1
     assert owner_a.split(":")[0] == owner_b.split(":")[0]  # on one host name
     assert at_b_start["owner"] == owner_a and at_b_start["status"] == "in_progress"
-    assert took < 6, took  # a scan every 2 s
+    assert took < 6, took  # scans every 0.2 s here (2 s by default)
     assert silent < 10, taken  # by the free lock: the lease (10 s of silence) was not waited for
     assert done.status == "completed" and sorted(ids) == sorted(f"r{i}" for i in range(n))
     assert len(sent) == n and sum(c - 1 for c in sent.values()) <= WINDOW
@@ -403,8 +412,7 @@ async def test_a_live_client_in_the_same_process_keeps_its_lease_a_closed_one_lo
     second takes the batch within a scan."""
     from batchclient.jobs._lease import owner_gone
 
-    monkeypatch.setattr("batchclient.jobs._manager.HEARTBEAT_S", 0.05)
-    monkeypatch.setattr("batchclient.jobs._manager.ORPHAN_SCAN_S", 0.1)
+    monkeypatch.setenv(LEASE_TIMES, "heartbeat_s=0.05,orphan_scan_s=0.1")
     with StubServer(latency_s=0.05) as stub:
         first = RemoteBatchInference(stub.url, state_dir=tmp_path, max_concurrency=1, **FAST)
         async with first:
@@ -426,3 +434,21 @@ async def test_a_live_client_in_the_same_process_keeps_its_lease_a_closed_one_lo
             with anyio.fail_after(30):
                 done = await third.batches.wait(batch.id)
     assert done.status == "completed" and not lock.exists()
+
+
+# ------------------------------------------------------------------ lease times
+
+
+def test_lease_times_default_and_from_the_environment() -> None:
+    assert LeaseTimes.from_env({}) == LeaseTimes(lease_s=10.0, heartbeat_s=1.0, orphan_scan_s=2.0)
+    given = {LEASE_TIMES: " heartbeat_s=0.05, orphan_scan_s = 0.1 "}
+    assert LeaseTimes.from_env(given) == LeaseTimes(heartbeat_s=0.05, orphan_scan_s=0.1)
+    assert LeaseTimes.from_env({LEASE_TIMES: ""}) == LeaseTimes()
+    for bad, says in [
+        ("heartbeat=1", "unknown 'heartbeat'"),
+        ("lease_s=soon", "lease_s must be a number of seconds, not 'soon'"),
+        ("orphan_scan_s=0", "orphan_scan_s must be a positive number"),
+        ("lease_s=nan", "lease_s must be a positive number"),
+    ]:
+        with pytest.raises(ConfigurationError, match=says):
+            LeaseTimes.from_env({LEASE_TIMES: bad})

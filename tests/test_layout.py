@@ -227,3 +227,22 @@ def test_public_modules_import_alone_without_vllm(module: str) -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_collecting_the_tests_imports_no_slow_library(pytestconfig: pytest.Config) -> None:
+    """No test module imports torch, transformers, vLLM or Ray at its top: every pytest-xdist
+    worker collects every module, and pays each such import in every run."""
+    from conftest import IMPORTED_AT_COLLECTION
+
+    loaded = pytestconfig.stash[IMPORTED_AT_COLLECTION]
+    assert loaded == [], f"import {', '.join(loaded)} inside the test or fixture that needs it"
+
+
+@pytest.mark.xdist_group("torch")
+def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` a grouped test's node id ends in its group, which is what
+    pytest-xdist's scheduler groups by (``conftest.py`` names the groups where pytest-xdist's
+    own renaming no longer takes)."""
+    if not request.config.getoption("loadgroup", default=False):
+        pytest.skip("runs under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@torch"), request.node.nodeid

@@ -22,6 +22,10 @@ from batchclient.testing import StubServer
 from batchclient.testing._stub_answers import token_logprob
 from providers import tokenizer
 
+# the model's tokenizer= folder is loaded by AutoTokenizer, which imports torch: one test
+# process pays it
+pytestmark = pytest.mark.xdist_group("torch")
+
 
 def instances(kind: str, args: list[tuple[Any, ...]]) -> list[Instance]:
     return [Instance(kind, {}, a, i) for i, a in enumerate(args)]

@@ -44,7 +44,8 @@ def test_folder_is_a_bf16_llama_checkpoint(model_dir: Path) -> None:
 
     from safetensors import safe_open
 
-    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as weights:
+    # numpy: the header's dtypes and shapes are read without importing torch
+    with safe_open(str(model_dir / "model.safetensors"), framework="numpy") as weights:
         slices = [weights.get_slice(k) for k in weights.keys()]  # noqa: SIM118
         dtypes = {s.get_dtype() for s in slices}
         n_params = sum(_numel(s.get_shape()) for s in slices)
@@ -59,6 +60,7 @@ def _numel(shape: list[int]) -> int:
     return out
 
 
+@pytest.mark.xdist_group("torch")  # AutoTokenizer imports torch: one test process pays it
 def test_tokenizer_renders_the_smollm_chat(model_dir: Path) -> None:
     template = (model_dir / "chat_template.jinja").read_text()
     assert "<|im_start|>" in template
@@ -76,6 +78,34 @@ def test_tokenizer_renders_the_smollm_chat(model_dir: Path) -> None:
     assert tok.eos_token == "<|im_end|>"
     assert tok.convert_tokens_to_ids("<|im_end|>") == 2
     assert len(tok.encode("hello world")) == 2
+
+
+@pytest.mark.xdist_group("torch")  # AutoTokenizer imports torch: one test process pays it
+def test_the_tests_reference_tokenizer_is_what_auto_tokenizer_loads(model_dir: Path) -> None:
+    """``providers.tokenizer()`` (the tests' reference) and ``batchclient.datasets``' default
+    load the generic fast class the bundled folder names, without ``AutoTokenizer``; it
+    resolves the folder to that same class, with the same vocabulary, specials and template."""
+    from transformers import AutoTokenizer
+
+    from batchclient.datasets import _default_tokenizer
+    from providers import tokenizer
+
+    auto = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    chat = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there"}]
+    texts = ["hello world", " Question: 2+2=?\nAnswer:", "<|im_start|>user\nx<|im_end|>", "é漢字"]
+    for tok in (tokenizer(), _default_tokenizer()):
+        assert type(tok) is type(auto)
+        assert tok.get_vocab() == auto.get_vocab()
+        assert tok.all_special_tokens == auto.all_special_tokens
+        for text in texts:
+            for special in (True, False):
+                assert tok.encode(text, add_special_tokens=special) == auto.encode(
+                    text, add_special_tokens=special
+                )
+        for generation in (True, False):
+            assert tok.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=generation
+            ) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation)
 
 
 def test_second_call_is_cached_and_does_not_rehash(model_dir: Path) -> None:

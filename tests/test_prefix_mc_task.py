@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from batchclient.models import bundled_model_path
 from prefix_mc_task import LETTERS, TASKS, Variant, write_task
@@ -20,7 +19,9 @@ def test_the_task_has_500_questions_of_4_choices_after_one_long_prefix(
     tmp_path: Path, variant: Variant
 ) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # imported here, not at collection: transformers (and torch with it) takes seconds to import
     from lm_eval.tasks import TaskManager, get_task_dict
+    from transformers import AutoTokenizer
 
     folder = write_task(tmp_path, variant=variant)
     name = TASKS[variant]

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import anyio
+import pytest
 
 from batchclient import RemoteBatchInference, RemoteReplica
 from batchclient.remote import Ejection, RateLimits
@@ -148,3 +149,42 @@ async def test_an_endpoint_answering_5xx_repeatedly_is_ejected() -> None:
     assert all(r.error is None for r in result.batch)
     assert stats.ejected and broken.stats.requests <= 4
     assert good.stats.by_status[200] == 40
+
+
+async def test_ejection_and_return_follow_the_dispatchers_clock() -> None:
+    """The dispatcher on a fake clock (no waiting): two connection failures eject a replica
+    for ``eject_s``; attempts go to the other meanwhile; with both out, the error says when the
+    first returns; once the clock passes that, it is back on probation (one more failure ejects
+    it again)."""
+    from batchclient._routing.adaptive import AdaptiveSettings
+    from batchclient._routing.dispatch import Dispatcher, Replica, ReplicasUnavailable
+    from batchclient._routing.rates import RateBuckets
+
+    now = [1000.0]
+    a, b = (
+        Replica(url, None, RateBuckets(None, None), AdaptiveSettings(initial=4), adaptive=False)
+        for url in ("http://a", "http://b")
+    )
+    dispatcher = Dispatcher([a, b], eject_after=2, eject_s=30.0, clock=lambda: now[0])
+
+    def fail(replica: Replica) -> None:
+        lane = replica.lane("m")
+        dispatcher.on_failure(lane, "connection refused", connection=True)
+
+    fail(a)
+    assert a.ejected_until == 0.0  # one failure is not enough
+    fail(a)
+    assert a.ejected_until == 1030.0 and a.lanes["m"].control.clock() == 1000.0
+    picked = {dispatcher.try_acquire("m", key=k).replica.base_url for k in range(8)}  # type: ignore[union-attr]
+    assert picked == {"http://b"}
+    now[0] = 1010.0
+    fail(b)
+    fail(b)  # b out until 1040, a until 1030
+    with pytest.raises(ReplicasUnavailable) as out:
+        await dispatcher.acquire("m")
+    assert out.value.wait_s == 20.0
+    assert [s.ejected for s in dispatcher.stats()] == [True, True]
+    now[0] = 1030.0
+    assert dispatcher.try_acquire("m").replica is a  # type: ignore[union-attr]
+    fail(a)  # on probation: one failure ejects it again
+    assert a.ejected_until == 1060.0

@@ -36,14 +36,12 @@ REFUSAL = {"error": {"message": "max_tokens is too large", "type": "BadRequestEr
                      "param": "max_tokens", "code": 400}}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    faults = [
+pytestmark = pytest.mark.stub(
+    faults=[
         Fault(StubReply(status=400, body=REFUSAL), match="FAIL"),
         Fault(StubReply(delay_s=30), match="SLOW"),
     ]
-    with StubServer(faults=faults) as server:
-        yield server
+)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -48,17 +47,16 @@ def test_serve_refuses_an_open_address_without_keys_and_bad_keys(
     assert "visible ASCII" in capsys.readouterr().err
 
 
-@pytest.fixture
-def stub() -> Iterator[StubServer]:
-    with StubServer(latency_s=0.05, record_bodies=True, faults=[
-        Fault(StubReply(delay_s=60), match="SLOW"),
-    ]) as server:  # fmt: skip
-        yield server
+pytestmark = pytest.mark.stub(
+    latency_s=0.05, record_bodies=True, faults=[Fault(StubReply(delay_s=60), match="SLOW")]
+)
 
 
 def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path) -> None:
     state, port = tmp_path / "state", free_port()
     url = f"http://127.0.0.1:{port}"
+    # the module's stub: counted from what it had when this test began
+    requests_before, bodies_before = stub.stats.requests, len(stub.stats.bodies)
     proc = spawn(stub.url, state, port)
     try:
         ready(url, proc)
@@ -69,12 +67,14 @@ def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path
         )
         seen = []
         # killed at a moment set by what the provider received, unrelated to commits
-        wait_sync(lambda: stub.stats.requests >= 50 + WINDOW, timeout=60, every=0.002)
+        wait_sync(
+            lambda: stub.stats.requests - requests_before >= 50 + WINDOW, timeout=60, every=0.002
+        )
         seen.append(finished(client.batches.retrieve(batch.id)))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         tenant = state / "tenants" / tenant_id(KEY_A)
-        at_kill, sent_before = done_in_db(tenant), stub.stats.requests
+        at_kill, sent_before = done_in_db(tenant), stub.stats.requests - requests_before
         proc = spawn(stub.url, state, port)
         ready(url, proc)
         while (current := client.batches.retrieve(batch.id)).status != "completed":
@@ -91,7 +91,7 @@ def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path
     assert done.request_counts is not None and done.request_counts.completed == 150
     ids = [json.loads(x)["custom_id"] for x in output]
     assert sorted(ids) == sorted(f"r{i}" for i in range(150))  # every custom_id, once
-    sent = Counter(body["messages"][0]["content"] for body in stub.stats.bodies)
+    sent = Counter(body["messages"][0]["content"] for body in stub.stats.bodies[bodies_before:])
     assert len(sent) == 150 and sum(n - 1 for n in sent.values()) <= WINDOW
 
 

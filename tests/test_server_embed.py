@@ -5,7 +5,7 @@ provider of one's own whose bugs become 500s in OpenAI's envelope."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,12 +19,6 @@ from batchclient import BatchClient, Provider, RemoteProvider, Request, Result
 from batchclient.server import create_app
 from batchclient.testing import AppServer, StubServer
 from server_util import KEY_A, batch_file
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    with StubServer() as server:
-        yield server
 
 
 async def test_an_open_client_is_served_as_it_is_and_left_open(

@@ -36,15 +36,13 @@ BARE = {"error": {"message": "max_tokens is too large"}}  # no type, param or co
 DETAIL = {"detail": [{"loc": ["body", "n"], "msg": "bad n"}], "extra": 1}  # FastAPI's shape
 
 
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    faults = [
+pytestmark = pytest.mark.stub(
+    faults=[
         Fault(StubReply(delay_s=30), match="SLOW"),
         Fault(StubReply(status=400, body=BARE), match="BARE"),
         Fault(StubReply(status=422, body=DETAIL), match="DETAIL"),
     ]
-    with StubServer(faults=faults) as server:
-        yield server
+)
 
 
 @pytest.fixture

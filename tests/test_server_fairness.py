@@ -6,19 +6,22 @@ stub and read the order in which their requests reached it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from batchclient import RemoteProvider
 from batchclient._core.flows import Flow, Priority, priority_of
 from batchclient.server import create_app
 from batchclient.server._fair import FairGate
-from batchclient.testing import AppServer, StubServer
+from batchclient.testing import AppServer, Fault, StubReply, StubServer
+from jobs_util import wait_sync
 from server_util import KEY_A, KEY_B, batch_file, is_envelope, sdk, wait_batch
 
 CALL = Flow(None, Priority.interactive)
@@ -163,36 +166,47 @@ def test_a_small_batch_shares_the_capacity_with_another_tenants_large_ones(
             shared = wait_batch(sdk(url, KEY_B), _start(url, KEY_B, small, "b"))
             shared_s = time.monotonic() - started
             assert shared.request_counts.completed == small
-            a_state = [sdk(url, KEY_A).batches.retrieve(b).status for b in big]
             texts = _texts(stub)
             for batch_id in big:
-                sdk(url, KEY_A).batches.cancel(batch_id)
+                # one may have completed meanwhile on a slow machine: nothing left to cancel
+                with contextlib.suppress(openai.ConflictError):
+                    sdk(url, KEY_A).batches.cancel(batch_id)
     b_at = [i for i, t in enumerate(texts) if t.startswith("b ")]
     a_between = sum(1 for t in texts[b_at[0] : b_at[-1]] if t.startswith("a"))
     assert len(b_at) == small
     assert a_between <= small + capacity, (a_between, texts[b_at[0] : b_at[-1] + 1])
-    assert "in_progress" in a_state, a_state  # B did not wait for A
+    # B did not wait for A: when B was done, A still had lines to send
+    assert len(texts) < 2 * small + 5 * 40, len(texts)
     assert shared_s < 2 * alone_s + 1.0, (shared_s, alone_s)
 
 
 def test_a_tenants_high_priority_batch_runs_ahead_of_its_low_one(tmp_path: Path) -> None:
-    with StubServer(latency_s=0.02, record_bodies=True) as stub:
+    """The low batch fills the capacity (its answers held) and queues more lines; the high one
+    created then queues its lines; once the answers flow, the high lines go before the low ones
+    still waiting: the high batch does not wait for the low one to finish."""
+    hold = threading.Event()
+    with StubServer(record_bodies=True, faults=[Fault(StubReply(hold=hold))]) as stub:
         app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
+        gate: FairGate = app.state.tenants.gate
+        window = app.state.tenants.tenants[0].client.provider.window()  # lines a batch has out
+
+        def at_gate() -> int:
+            return gate.in_flight + gate.waiting()
+
         with AppServer(app) as url:
             low = _start(url, KEY_A, 30, "low", priority="low")
-            wait_for = time.monotonic() + 10
-            while len(stub.stats.bodies) < 4:
-                assert time.monotonic() < wait_for
-                time.sleep(0.01)
+            wait_sync(lambda: at_gate() == window)
             high = _start(url, KEY_A, 10, "high", priority="high")
+            wait_sync(lambda: at_gate() == 2 * window)  # the high lines are queued too
+            hold.set()
             wait_batch(sdk(url, KEY_A), high)
-            low_state = sdk(url, KEY_A).batches.retrieve(low).status
             wait_batch(sdk(url, KEY_A), low)
             texts = _texts(stub)
     high_at = [i for i, t in enumerate(texts) if t.startswith("high")]
     low_between = sum(1 for t in texts[high_at[0] : high_at[-1]] if t.startswith("low"))
+    assert len(high_at) == 10 and len(texts) == 40
     assert low_between <= 2, texts  # only the low lines already in flight
-    assert low_state == "in_progress"
+    assert any(t.startswith("low") for t in texts[high_at[-1] :]), texts  # low was not done
 
 
 def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> None:
@@ -218,7 +232,9 @@ def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> 
             assert answer.status_code == 200, answer.text
             ahead = arrivals.index("call") - before
             for batch_id in big:
-                sdk(url, KEY_A).batches.cancel(batch_id)
+                # one may have completed meanwhile on a slow machine: nothing left to cancel
+                with contextlib.suppress(openai.ConflictError):
+                    sdk(url, KEY_A).batches.cancel(batch_id)
     # first come, first served, the five batches' waiting lines would reach the upstream first
     assert ahead <= 3, arrivals[before:]
 

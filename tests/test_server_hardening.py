@@ -12,7 +12,6 @@ import select
 import socket
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,7 @@ SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    with StubServer(latency_s=0.05) as server:
-        yield server
+pytestmark = pytest.mark.stub(latency_s=0.05)
 
 
 def serve(

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +42,12 @@ from server_util import (
 REFUSAL = {"error": {"message": "refused", "type": "invalid_request_error", "code": None}}
 
 
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubServer]:
-    faults = [
+pytestmark = pytest.mark.stub(
+    faults=[
         Fault(StubReply(status=400, body=REFUSAL), match="FAIL"),
         Fault(StubReply(delay_s=30), match="SLOW"),
     ]
-    with StubServer(faults=faults) as server:
-        yield server
+)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

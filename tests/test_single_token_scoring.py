@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +48,11 @@ def mmlu_pairs() -> list[tuple[str, str]]:
     ]
 
 
-@pytest.fixture(scope="module")
-async def engine() -> AsyncIterator[VLLMBatchInference]:
-    """One float32 engine for the module (in bfloat16 a score's last bits move with how the
-    engine batched it, so two ways could not be compared exactly)."""
-    async with VLLMBatchInference(
-        max_model_len=2048, dtype="float32", kv_cache_memory_bytes=512 << 20, max_concurrency=64
-    ) as client:
-        yield client
+@pytest.fixture
+def engine(float32_client: VLLMBatchInference) -> VLLMBatchInference:
+    """The session's float32 engine (in bfloat16 a score's last bits move with how the engine
+    batched it, so two ways could not be compared exactly)."""
+    return float32_client
 
 
 async def both_ways(engine: VLLMBatchInference, pairs: list[Any]) -> tuple[Any, Any]:

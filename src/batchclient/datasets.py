@@ -192,8 +192,10 @@ def _truncated(exc: json.JSONDecodeError, text: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _default_tokenizer() -> Any:
-    from transformers import AutoTokenizer
+    # The bundled folder names the generic fast class, which AutoTokenizer resolves it to;
+    # loaded directly, it spares AutoTokenizer's import of torch and scikit-learn (seconds).
+    from transformers import PreTrainedTokenizerFast
 
     from .models import bundled_model_path
 
-    return AutoTokenizer.from_pretrained(bundled_model_path(), local_files_only=True)
+    return PreTrainedTokenizerFast.from_pretrained(bundled_model_path(), local_files_only=True)

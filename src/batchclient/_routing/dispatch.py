@@ -44,6 +44,9 @@
   that has answered before and refuses now is restarting: its refusals count toward ejection
   and are retried like any connection failure, and so are refusals while another replica is
   in.
+
+Times are read from the dispatcher's ``clock`` (``time.monotonic``; the lanes' adaptive limits
+read the same one), so tests drive ejection, pauses and holds on a fake clock.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +174,7 @@ class Replica:
     ejections: int = 0
     last_error: str = ""
     number: int = 0  # its position among the dispatcher's replicas: the rendezvous salt
+    clock: Callable[[], float] = time.monotonic  # the dispatcher's
     answered: bool = False  # it has sent an HTTP answer (any status) at least once
     refused: bool = False  # its last connection attempt was refused
 
@@ -179,7 +184,7 @@ class Replica:
     def lane(self, model: str) -> Lane:
         lane = self.lanes.get(model)
         if lane is None:
-            control = AdaptiveLimit(self.settings, self.adaptive)
+            control = AdaptiveLimit(self.settings, self.adaptive, clock=self.clock)
             lane = self.lanes[model] = Lane(self, model, control)
             # enough for every success that can overlap one request: at most the limit was in
             # flight when it arrived, and as many again may be answered before its refusal
@@ -192,12 +197,22 @@ _NEW, _RETRY = 0, 1  # queues: new requests; retries that already waited their R
 
 
 class Dispatcher:
-    """Hands out lane slots across replicas (see the module docstring)."""
+    """Hands out lane slots across replicas (see the module docstring). ``clock``: seconds,
+    monotonic; the ``sent_at`` times handed to the outcome calls are read from it too."""
 
-    def __init__(self, replicas: list[Replica], *, eject_after: int, eject_s: float) -> None:
+    def __init__(
+        self,
+        replicas: list[Replica],
+        *,
+        eject_after: int,
+        eject_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.replicas = replicas
+        self.clock = clock
         for number, replica in enumerate(replicas):
             replica.number = number
+            replica.clock = clock
         self.eject_after = eject_after
         self.eject_s = eject_s
         self._waiters: dict[tuple[str, int], deque[Waiter]] = {}
@@ -215,7 +230,7 @@ class Dispatcher:
         the key's rendezvous ranking), or None. While some usable replica has rpm/tpm room,
         replicas without it are skipped (better to wait for a slot there than to hold one here
         waiting for the bucket); the replica to avoid comes last."""
-        now = time.monotonic()
+        now = self.clock()
         if len(self.replicas) == 1:  # the common case, kept cheap
             replica = self.replicas[0]
             if (
@@ -321,7 +336,7 @@ class Dispatcher:
 
     def unavailable(self) -> ReplicasUnavailable | None:
         """What :meth:`acquire` raises now: None while some replica is in."""
-        now = time.monotonic()
+        now = self.clock()
         back = [replica.ejected_until for replica in self.replicas]
         if not all(t > now for t in back):
             return None
@@ -378,7 +393,7 @@ class Dispatcher:
         replica.failures = 0
         replica.recent.append(False)
         lane.succeeded += 1
-        lane.answered.append((sent_at, time.monotonic()))
+        lane.answered.append((sent_at, self.clock()))
         saturated = lane.in_use >= lane.control.limit or self.waiting(lane.model) > 0
         lane.control.on_success(sent_at, saturated)
         if lane.ramp != math.inf:
@@ -400,14 +415,12 @@ class Dispatcher:
         replica.recent.append(True)
         if quota_zero:
             if retry_after_s is not None and retry_after_s > 0:
-                replica.quota.refused_until(time.monotonic(), retry_after_s)
+                replica.quota.refused_until(self.clock(), retry_after_s)
             return
-        if self.replica_wide(replica) and not lane.serving_since(
-            max(sent_at, time.monotonic() - 1.0)
-        ):
+        if self.replica_wide(replica) and not lane.serving_since(max(sent_at, self.clock() - 1.0)):
             lane.control.on_throttle(sent_at)
             if retry_after_s is not None and retry_after_s > 0:
-                self.pause(replica, time.monotonic() + retry_after_s)
+                self.pause(replica, self.clock() + retry_after_s)
         else:
             served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
             lane.control.on_throttle(sent_at, served=served)
@@ -433,14 +446,12 @@ class Dispatcher:
         replica.last_error = message
         replica.refused = refused
         if refused and not replica.answered:
-            if replica.ejected_until <= time.monotonic():
+            if replica.ejected_until <= self.clock():
                 self.eject(replica)
             return
-        if replica.failures < self.eject_after or replica.ejected_until > time.monotonic():
+        if replica.failures < self.eject_after or replica.ejected_until > self.clock():
             return
-        others_in = any(
-            e is not replica and e.ejected_until <= time.monotonic() for e in self.replicas
-        )
+        others_in = any(e is not replica and e.ejected_until <= self.clock() for e in self.replicas)
         if connection or others_in:
             self.eject(replica)
 
@@ -451,7 +462,7 @@ class Dispatcher:
             return
         replica.paused_until = until
         loop = asyncio.get_running_loop()
-        loop.call_later(until - time.monotonic(), self._pause_ended, replica, until)
+        loop.call_later(until - self.clock(), self._pause_ended, replica, until)
 
     def _pause_ended(self, replica: Replica, until: float) -> None:
         if replica.paused_until != until:  # extended meanwhile: a later timer ends it
@@ -461,7 +472,7 @@ class Dispatcher:
         self._grant_all()
 
     def eject(self, replica: Replica) -> None:
-        replica.ejected_until = time.monotonic() + self.eject_s
+        replica.ejected_until = self.clock() + self.eject_s
         replica.ejections += 1
         replica.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
@@ -486,7 +497,7 @@ class Dispatcher:
     # ------------------------------------------------------------------ reporting
 
     def stats(self) -> list[LaneStats]:
-        now = time.monotonic()
+        now = self.clock()
         return [
             LaneStats(
                 url=replica.base_url,
@@ -508,7 +519,7 @@ class Dispatcher:
 
     def concurrency_limit(self) -> int:
         """The sum of the current limits of the replicas that are in (for progress reports)."""
-        now = time.monotonic()
+        now = self.clock()
         total = 0
         for replica in self.replicas:
             if replica.ejected_until > now:

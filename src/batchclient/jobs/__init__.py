@@ -7,7 +7,8 @@ directory without running jobs (the ``batchclient jobs`` commands):
 - :class:`JobManager`: list, inspect, cancel, resume and export the batches of a state directory;
 - :func:`validate_batch_file`: validate an OpenAI batch input file (streamed, all-or-nothing);
 - :func:`estimate_file`: a dry run of a batch file (nothing sent);
-- :func:`default_state_dir`: where state lives by default.
+- :func:`default_state_dir`: where state lives by default;
+- :class:`LeaseTimes`: how a manager keeps its leases (heartbeat, orphan scan, lease).
 
 The second group of names are building blocks for batchclient's other packages (its modules
 import only this package's ``__init__``): the Batch API client runs jobs through the store, the
@@ -17,6 +18,7 @@ validation does.
 
 from ._estimate import describe, estimate_file
 from ._files import Files, StagedFile, store_file
+from ._lease import LeaseTimes
 from ._manager import Batches, JobManager, StatusTotals
 from ._output import request_for, row_for
 from ._progress import ProgressTracker
@@ -49,6 +51,7 @@ __all__ = [
     "JobManager",
     "JobRow",
     "JobRunner",
+    "LeaseTimes",
     "ProgressTracker",
     "RequestLine",
     "ResultRow",

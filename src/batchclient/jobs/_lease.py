@@ -19,14 +19,72 @@ lock) must not keep its jobs forever.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import math
 import os
 import secrets
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import ConfigurationError
 
 OWNERS_DIR = "owners"
 """The folder of the owners' lock files, in the state directory."""
+LEASE_TIMES_ENV = "BATCHCLIENT_LEASE_TIMES"
+
+
+@dataclass(frozen=True)
+class LeaseTimes:
+    """How a job manager keeps its leases, in seconds.
+
+    Attributes:
+        lease_s: a job whose owner has not refreshed its heartbeat for this long is orphaned,
+            where the owner's lock cannot tell (and even where it is held: see above).
+        heartbeat_s: how often a manager refreshes its leases, stops a job cancelled from
+            another process and retries writing a failure a full disk refused.
+        orphan_scan_s: how often a manager with a provider looks for orphaned jobs to take
+            back (it also looks on entry).
+
+    Short times make a manager react sooner and write its database more often; ``lease_s``
+    must stay well above ``heartbeat_s`` on a loaded machine, or a live owner looks dead.
+    """
+
+    lease_s: float = 10.0
+    heartbeat_s: float = 1.0
+    orphan_scan_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigurationError(f"LeaseTimes.{name} must be a positive number of seconds")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> LeaseTimes:
+        """The defaults, with the ``name=seconds`` pairs of ``$BATCHCLIENT_LEASE_TIMES``
+        (``heartbeat_s=0.05,orphan_scan_s=0.1``) over them: how tests shorten the times in
+        processes they start. Raises ``ConfigurationError`` for an unknown name or a bad
+        number."""
+        given = environ.get(LEASE_TIMES_ENV, "").strip()
+        if not given:
+            return cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, float] = {}
+        for pair in given.split(","):
+            name, _, text = (part.strip() for part in pair.partition("="))
+            if name not in names:
+                raise ConfigurationError(
+                    f"${LEASE_TIMES_ENV}: unknown {name!r}; known: {', '.join(sorted(names))}"
+                )
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise ConfigurationError(
+                    f"${LEASE_TIMES_ENV}: {name} must be a number of seconds, not {text!r}"
+                ) from None
+        return cls(**values)
 
 
 def kernel_boot_id() -> str | None:

@@ -12,8 +12,8 @@ Leases: a running job's row names its ``owner`` (host, pid, a token random per m
 ``heartbeat_at`` refreshed every second; the manager holds its owner's lock file while it is
 open (:mod:`._lease`). Only orphaned jobs are resumed: the owner's lock is free (it died, on
 this machine, whatever its pid), or, where the lock cannot tell, its pid is dead on this host
-or its heartbeat is older than :data:`LEASE_S`. A manager with a provider looks for orphans on
-entry and every :data:`ORPHAN_SCAN_S` while open, so a server started again at once (same pid,
+or its heartbeat is older than the lease (:class:`LeaseTimes`: 10 s). A manager with a provider
+looks for orphans on entry and every 2 s while open, so a server started again at once (same pid,
 as PID 1 in a container) takes its batches back within seconds. A cancel from another process
 marks the job ``cancelling``; its owner stops it at its next heartbeat. Guide: ``docs/jobs.md``.
 
@@ -69,7 +69,7 @@ from ..types import (
     JobStatus,
 )
 from ._files import Files, sweep_temporary
-from ._lease import OwnerLock, new_owner, owner_gone, sweep_owner_locks
+from ._lease import LeaseTimes, OwnerLock, new_owner, owner_gone, sweep_owner_locks
 from ._output import iter_output_lines, response_for, write_lines
 from ._progress import ProgressTracker
 from ._recovery import failure_of, late_result, reopen
@@ -77,12 +77,6 @@ from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
 from ._store import DB_NAME, KERNEL, JobRow, Store, default_state_dir, now
 
 logger = logging.getLogger("batchclient.jobs")
-
-LEASE_S = 10.0
-"""A job whose owner has not refreshed its heartbeat for this many seconds is orphaned."""
-HEARTBEAT_S = 1.0
-ORPHAN_SCAN_S = 2.0
-"""How often a manager with a provider looks for orphaned jobs to take back."""
 
 _Page = list[Any]  # a page of result items (the class's ``list`` method hides the builtin there)
 _RESPONSES: dict[Endpoint, type[BatchResponse]] = {
@@ -106,13 +100,14 @@ _STATUS_MAP = {
 class JobManager:
     """Files and jobs in ``state_dir`` (default :func:`default_state_dir`). Use as
     ``async with``. With a ``provider`` it runs jobs (and resumes orphaned ones whose
-    provider identity matches, on entry and every :data:`ORPHAN_SCAN_S`, after removing the
-    temporary files a crash left); without one it can only inspect, cancel, reopen a batch
+    provider identity matches, on entry and every ``lease_times.orphan_scan_s``, after removing
+    the temporary files a crash left); without one it can only inspect, cancel, reopen a batch
     that failed after validation (for a manager with a provider to run) and export.
     ``files`` and ``batches`` are the same calls as a client's. ``cache``: batches created here
     use the result cache unless they say otherwise (``batches.create(..., cache=False)``).
     ``runner`` replaces how a job runs (default: :func:`run_job` over the provider's
-    ``execute``, behind the result cache when the batch uses it)."""
+    ``execute``, behind the result cache when the batch uses it). ``lease_times``: how it keeps
+    its leases (default :meth:`LeaseTimes.from_env`: 10 s lease, 1 s heartbeat, 2 s scan)."""
 
     def __init__(
         self,
@@ -121,6 +116,7 @@ class JobManager:
         provider: Provider | None = None,
         cache: bool = False,
         runner: JobRunner | None = None,
+        lease_times: LeaseTimes | None = None,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
@@ -131,6 +127,7 @@ class JobManager:
         self._cached: CachedProvider | None = None
         self._runner = runner
         self._identity = json.dumps(provider.identity() if provider else {}, sort_keys=True)
+        self.lease_times = lease_times if lease_times is not None else LeaseTimes.from_env()
         self.owner = new_owner()
         self._lock = OwnerLock(self.state_dir, self.owner)
         self._unrecorded: dict[str, tuple[BatchError, int]] = {}
@@ -241,7 +238,8 @@ class JobManager:
             return True
         if owner == self.owner:
             return False
-        heartbeat_stale = row.heartbeat_at is None or time.time() - row.heartbeat_at > LEASE_S
+        lease_s = self.lease_times.lease_s
+        heartbeat_stale = row.heartbeat_at is None or time.time() - row.heartbeat_at > lease_s
         if KERNEL is not None and row.owner_kernel == KERNEL:
             gone = owner_gone(self.state_dir, owner)
             if gone is not None:  # the lock knows, whatever the pid says
@@ -303,13 +301,14 @@ class JobManager:
                         "batch %s: its failure cannot be recorded yet (%s); retrying every %g s",
                         running.job_id,
                         error.code,
-                        HEARTBEAT_S,
+                        self.lease_times.heartbeat_s,
                     )
         finally:
-            self._running.pop(running.job_id, None)
-            running.done.set()
+            # the lease goes first: whoever waited for the job may resume it at once
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await to_thread.run_sync(store.release, running.job_id, self.owner)
+            self._running.pop(running.job_id, None)
+            running.done.set()
 
     async def _record_failure(self, job_id: str, error: BatchError, failed_at: int) -> bool:
         """Write the batch's failure and free its lease; whether that could be written."""
@@ -348,7 +347,7 @@ class JobManager:
                 if await self._record_failure(job_id, error, failed_at):
                     self._unrecorded.pop(job_id, None)
                     logger.info("batch %s: its failure (%s) is recorded", job_id, error.code)
-            if time.monotonic() - scanned >= ORPHAN_SCAN_S:
+            if time.monotonic() - scanned >= self.lease_times.orphan_scan_s:
                 scanned = time.monotonic()
                 try:
                     await self._resume_orphans()
@@ -356,7 +355,7 @@ class JobManager:
                     pass  # the state directory is failing: the jobs report it themselves
                 except Exception:  # never let the scan take the client down
                     logger.exception("looking for orphaned batches failed")
-            await anyio.sleep(HEARTBEAT_S)
+            await anyio.sleep(self.lease_times.heartbeat_s)
 
     # ------------------------------------------------------------------ jobs
 
@@ -509,7 +508,7 @@ class JobManager:
             return
         # Not running here: its owner (another process) stops it at its next heartbeat, or,
         # when the owner is gone, we finish the cancellation ourselves.
-        with anyio.fail_after(LEASE_S * 3):
+        with anyio.fail_after(self.lease_times.lease_s * 3):
             while True:
                 row = await self._call(store.job_row, job_id)
                 if row.status not in BatchStatus.ACTIVE:

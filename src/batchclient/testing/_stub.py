@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -67,7 +68,9 @@ QUOTA_STYLES = ("openai", "seconds", "epoch", "azure", "generic")
 class StubReply:
     """What the stub does for one request. ``action``: ``"answer"`` (``status`` + ``body``),
     ``"reset"`` (drop the connection without an answer), ``"slow"`` (send headers, then stall
-    ``delay_s`` before the body). ``body`` None means the normal ChatCompletion."""
+    ``delay_s`` before the body). ``body`` None means the normal ChatCompletion. ``hold``: the
+    answer waits until this event is set (requests kept in flight until a test lets them go,
+    whatever the machine's speed)."""
 
     status: int = 200
     body: Any = None
@@ -75,6 +78,7 @@ class StubReply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     action: str = "answer"
+    hold: threading.Event | None = None
 
 
 @dataclass
@@ -109,7 +113,9 @@ class Fault:
 @dataclass
 class StubStats:
     """What the stub saw. ``max_in_flight`` is the most concurrent requests at once;
-    ``by_status`` counts answers by status (``0`` = connection reset)."""
+    ``by_status`` counts answers by status (``0`` = connection reset). With ``record_bodies``,
+    ``bodies`` holds every request body in arrival order (refused ones too) and
+    ``body_times`` when each arrived (``time.monotonic``)."""
 
     requests: int = 0
     in_flight: int = 0
@@ -117,6 +123,7 @@ class StubStats:
     by_status: Counter[int] = field(default_factory=Counter)
     arrivals: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    body_times: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The counters as JSON-ready data (served at ``GET /stats``)."""
@@ -362,14 +369,7 @@ class StubServer:
         elapsed = time.monotonic() - self._started
         for fault in self.faults:
             if fault.applies(text, attempt, elapsed):
-                reply = StubReply(
-                    status=fault.reply.status,
-                    body=fault.reply.body,
-                    raw=fault.reply.raw,
-                    headers=dict(fault.reply.headers),
-                    delay_s=fault.reply.delay_s,
-                    action=fault.reply.action,
-                )
+                reply = dataclasses.replace(fault.reply, headers=dict(fault.reply.headers))
                 if fault.retry_after is not None:
                     reply.headers["Retry-After"] = _retry_after_value(fault.retry_after)
                 return reply
@@ -402,6 +402,7 @@ class StubServer:
                 )
             if self.record_bodies:
                 stats.bodies.append(body)
+                stats.body_times.append(time.monotonic())
             key = raw.decode("utf-8", "replace")
             self._attempts[key] += 1
             attempt = self._attempts[key]
@@ -460,6 +461,9 @@ class StubServer:
             delay += reply.delay_s if reply.action != "slow" else 0.0
         if delay > 0:
             await asyncio.sleep(delay)
+        # a threading.Event, set from the test's thread: polled, as no thread may block on it
+        while reply is not None and reply.hold is not None and not reply.hold.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         if reply is None:
             model = body.get("model")
             if self.models and model not in self.models:
