@@ -168,6 +168,18 @@ async def test_polling_survives_5xx_429_and_malformed_answers(tmp_path: Path) ->
     assert took >= 1.0
 
 
+async def test_polling_outlasts_more_than_a_thousand_failed_polls(tmp_path: Path) -> None:
+    # the backoff doubles per failure: past the 1,024th it must stay capped, not overflow
+    tiny = RetryPolicy(backoff_initial_s=0.0001, backoff_max_s=0.0002)
+    with BatchAPIStub(poll_faults=[StubReply(status=503)] * 1100) as stub:
+        async with BatchAPIBatchInference(
+            stub.url, poll_interval=0.02, retry=tiny, state_dir=tmp_path
+        ) as c:
+            result = await c.batch_chat_completion("smollm2", convo(["a", "b"]))
+    assert texts(result) == ["echo: a", "echo: b"]
+    assert stub.stats.polls > 1100 and stub.stats.creates == 1
+
+
 async def test_a_lost_create_answer_never_submits_twice(tmp_path: Path) -> None:
     with BatchAPIStub(lose_creates=1) as stub:
         async with client(stub, tmp_path) as c:

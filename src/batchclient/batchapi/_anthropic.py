@@ -39,12 +39,13 @@ from ..errors import ConfigurationError, ErrorCode
 from ..jobs import RequestLine
 from ..types import Endpoint
 from ._anthropic_translate import VERSION_WITH_SAMPLING, error_of, to_completion, to_params
-from ._api import _TRANSIENT, ApiError, Retrier, check_header_value
+from ._api import _TRANSIENT, check_header_value
 from ._backend import RemoteState, error_line, ok_line, unrun_line, wire_id
 from ._backend_provider import BackendProvider
 from ._backend_runner import BackendRunner
 from ._client import RemoteJobClient
 from ._parts import Limits, private_file
+from ._retry import ApiError, Retrier
 from ._runner import RunSettings
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError
 from ..types import BatchStatus
 from ._flavors import FlavorSpec, create_body, flavor_of, list_params, normalize, read_page
+from ._retry import ApiError, Retrier
 
 T = TypeVar("T")
 
@@ -81,24 +81,6 @@ class RemoteBatch(BaseModel):
         return self.status.terminal
 
 
-class ApiError(Exception):
-    """A call that failed for good: ``status`` (None: no HTTP answer) and the server's message.
-    ``transient`` when retrying could have helped (what was left when retries ran out)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        transient: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.transient = transient
-        self.retry_after_s = retry_after_s
-
-
 def check_header_value(name: str, value: str) -> str:
     """Refuse a header value that could split the request (CR, LF, NUL)."""
     if any(c in value for c in "\r\n\0"):
@@ -106,38 +88,7 @@ def check_header_value(name: str, value: str) -> str:
     return value
 
 
-class Retrier:
-    """Retries with backoff for a remote batch API's calls: ``max_retries`` retries of a
-    transient :class:`ApiError`, waiting the server's ``Retry-After`` when it sent one."""
-
-    def __init__(self, max_retries: int = 8, retry: RetryPolicy = RetryPolicy()) -> None:
-        self.max_retries = max_retries
-        self.retry = retry
-
-    async def call(self, fn: Callable[[], Awaitable[T]], *, retries: int | None = None) -> T:
-        """Run ``fn`` (one attempt), retrying transient failures ``retries`` times (None:
-        ``max_retries``; -1: without limit)."""
-        limit = self.max_retries if retries is None else retries
-        attempt = 0
-        while True:
-            try:
-                return await fn()
-            except ApiError as exc:
-                if not exc.transient or (limit >= 0 and attempt >= limit):
-                    raise
-                await anyio.sleep(self.backoff(attempt, exc.retry_after_s))
-                attempt += 1
-
-    def backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        """Seconds before retry number ``attempt + 1``: the server's ``Retry-After`` when it
-        sent one, else ``backoff_initial_s`` doubling up to ``backoff_max_s``, with jitter."""
-        if retry_after_s is not None:
-            return retry_after_s
-        base = min(self.retry.backoff_initial_s * 2.0**attempt, self.retry.backoff_max_s)
-        return float(base * (1 + 0.1 * random.random()))
-
-
-class BatchAPI(Retrier):
+class BatchAPI:
     """One remote Batch API root (``base_url`` ends in ``/v1``). Use as ``async with``.
 
     ``max_retries``: retries of a transient failure for uploads, creates, cancels and downloads
@@ -172,7 +123,9 @@ class BatchAPI(Retrier):
         }
         if api_key:
             self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
-        super().__init__(max_retries, retry)
+        self.retrier = Retrier(max_retries, retry)
+        self.max_retries = max_retries
+        self.retry = retry
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -282,7 +235,7 @@ class BatchAPI(Retrier):
                 self._models[str(data["id"])] = model
             return str(data["id"])
 
-        return await self.call(once)
+        return await self.retrier.call(once)
 
     async def create(
         self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str]
@@ -302,18 +255,20 @@ class BatchAPI(Retrier):
         async def read(resp: aiohttp.ClientResponse) -> str | None:
             return _model_of(await resp.content.readline())
 
-        model = await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        model = await self.retrier.call(
+            lambda: self._once("GET", f"/files/{file_id}/content", read)
+        )
         if model is not None:
             self._models[file_id] = model
         return model
 
-    async def retrieve(self, batch_id: str, *, retries: int | None = None) -> RemoteBatch:
+    async def retrieve(self, batch_id: str, *, forever: bool = False) -> RemoteBatch:
         path = f"{self.flavor.batches}/{batch_id}"
-        return await self.call(lambda: self._batch("GET", path), retries=retries)
+        return await self.retrier.call(lambda: self._batch("GET", path), forever=forever)
 
     async def cancel(self, batch_id: str) -> RemoteBatch:
         path = f"{self.flavor.batches}/{batch_id}/cancel"
-        return await self.call(lambda: self._batch("POST", path))
+        return await self.retrier.call(lambda: self._batch("POST", path))
 
     async def find(
         self, input_file_id: str, metadata: dict[str, str], pages: int = 20
@@ -325,7 +280,7 @@ class BatchAPI(Retrier):
         spec, path = self.flavor, self.flavor.batches
         for _ in range(pages):
             params = list_params(spec, cursor, self.page_size)
-            page = await self.call(
+            page = await self.retrier.call(
                 lambda p=params: self._json("GET", path, array=True, params=p)  # type: ignore[misc]
             )
             entries, cursor = read_page(spec, page, cursor, self.page_size)
@@ -356,12 +311,12 @@ class BatchAPI(Retrier):
                     size += len(chunk)
             return size
 
-        return await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        return await self.retrier.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
 
     async def models(self) -> set[str] | None:
         """The served model ids (``GET /models``), or None when the server cannot list them."""
         try:
-            data = await self.call(lambda: self._json("GET", "/models"), retries=1)
+            data = await self._json("GET", "/models")
         except ApiError:
             return None
         entries = data.get("data")

@@ -30,8 +30,8 @@ import orjson
 
 from .._core.request import Result
 from ..jobs import RequestLine
-from ._api import Retrier
 from ._parts import Limits
+from ._retry import Retrier
 
 __all__ = [
     "RemoteBatchBackend",

@@ -22,9 +22,9 @@ from .._core.request import Request, Result, failed
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs import RequestLine
 from ..types import Endpoint
-from ._api import ApiError
 from ._backend import RemoteBatchBackend
 from ._parts import line_result
+from ._retry import ApiError
 
 
 class BackendProvider(Provider):
@@ -66,7 +66,7 @@ class BackendProvider(Provider):
                 f.write(data)
             remote_id = await self.backend.submit(path, 1, {})
             while True:
-                state = await retrier.call(lambda: self.backend.poll(remote_id), retries=-1)
+                state = await retrier.call(lambda: self.backend.poll(remote_id), forever=True)
                 if state.ended:
                     break
                 await anyio.sleep(self.backend.poll_interval_s)

@@ -27,9 +27,9 @@ import anyio
 from anyio import to_thread
 
 from .._core.provider import Provider
-from ._api import ApiError
 from ._backend import RemoteBatchBackend, RemoteState, wire_id
 from ._parts import Part, collect, fail_part, part_lines, rewrite_part
+from ._retry import ApiError
 from ._runner import RemoteRunner, RunSettings, _Job
 
 _SENT = "create@"
@@ -86,27 +86,27 @@ class BackendRunner(RemoteRunner):
         sent = part.input_file_id or ""
         search = sent.startswith(_SENT)
         since = float(sent[len(_SENT) :]) if search else time.time()
-        attempt = 0
-        while True:
-            if search:
-                found = await self.backend.find(marks, lines, since)
-                if found is not None:
-                    return found
-            await job.update(part, state="uploaded", input_file_id=f"{_SENT}{since:.3f}")
-            try:
-                return await self.backend.submit(path, lines, marks)
-            except ApiError as exc:
-                if not exc.transient or attempt >= self.backend.retrier.max_retries:
+        async for attempt in self.backend.retrier.attempts():
+            with attempt:
+                if search:
+                    found = await self.backend.find(marks, lines, since)
+                    if found is not None:
+                        return found
+                await job.update(part, state="uploaded", input_file_id=f"{_SENT}{since:.3f}")
+                try:
+                    return await self.backend.submit(path, lines, marks)
+                except ApiError as exc:
+                    search = exc.status != 429  # a 429 created nothing
                     raise
-                search = exc.status != 429  # a 429 created nothing
-                await anyio.sleep(self.backend.retrier.backoff(attempt, exc.retry_after_s))
-                attempt += 1
+        raise AssertionError("unreachable: tenacity either returns or reraises")
 
     async def _wait_backend(self, job: _Job, part: Part) -> RemoteState:
         assert part.batch_id is not None
         batch_id = part.batch_id
         while True:
-            state = await self.backend.retrier.call(lambda: self.backend.poll(batch_id), retries=-1)
+            state = await self.backend.retrier.call(
+                lambda: self.backend.poll(batch_id), forever=True
+            )
             seen = (state.completed, state.failed, state.status)
             if (part.completed, part.failed, part.remote_status) != seen:
                 await job.update(

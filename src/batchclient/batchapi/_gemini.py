@@ -33,10 +33,10 @@ from .._routing.retry import parse_retry_after
 from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs import RequestLine
-from ._api import ApiError, Retrier
 from ._backend import RemoteState, error_line, ok_line, wire_id
 from ._gemini_translate import Unsupported, status_of, to_completion, to_request
 from ._parts import Limits, private_file
+from ._retry import ApiError, Retrier
 
 if TYPE_CHECKING:
     from google import genai

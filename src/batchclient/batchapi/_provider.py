@@ -22,9 +22,10 @@ from .._core.request import Request, Result, failed
 from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..types import Endpoint
-from ._api import ApiError, BatchAPI
+from ._api import BatchAPI
 from ._flavors import check_window
 from ._parts import batch_line, line_result
+from ._retry import ApiError
 
 
 class BatchAPIProvider(Provider):
@@ -105,7 +106,7 @@ class BatchAPIProvider(Provider):
         batch = await self.api.create(file_id, endpoint, self.completion_window, {})
         while not batch.terminal:
             await anyio.sleep(self.poll_interval)
-            batch = await self.api.retrieve(batch.id, retries=-1)
+            batch = await self.api.retrieve(batch.id, forever=True)
         for result_file in (batch.output_file_id, batch.error_file_id):
             if not result_file:
                 continue

@@ -31,7 +31,7 @@ from anyio import to_thread
 from .._core.provider import Provider
 from ..jobs import JobRow, RunningJob, Store, finalize, run_unfinished, validate_job
 from ..types import BatchStatus
-from ._api import ApiError, BatchAPI, RemoteBatch
+from ._api import BatchAPI, RemoteBatch
 from ._parts import (
     Encoder,
     Limits,
@@ -45,6 +45,7 @@ from ._parts import (
     rewrite_part,
     write_part,
 )
+from ._retry import ApiError
 
 JOB_MARK = "batchclient_job"
 PART_MARK = "batchclient_part"
@@ -225,27 +226,28 @@ class RemoteRunner:
         it (no answer, or a 5xx), look for it before trying again."""
         assert part.input_file_id is not None
         marks = self._marks(job, part)
-        search, attempt = search_first, 0
-        while True:
-            if search:
-                found = await self.api.find(part.input_file_id, marks)
-                if found is not None:
-                    return found
-            try:
-                return await self.api.create(part.input_file_id, job.endpoint, job.window, marks)
-            except ApiError as exc:
-                if not exc.transient or attempt >= self.api.max_retries:
+        search = search_first
+        async for attempt in self.api.retrier.attempts():
+            with attempt:
+                if search:
+                    found = await self.api.find(part.input_file_id, marks)
+                    if found is not None:
+                        return found
+                try:
+                    return await self.api.create(
+                        part.input_file_id, job.endpoint, job.window, marks
+                    )
+                except ApiError as exc:
+                    search = exc.status != 429  # a 429 created nothing
                     raise
-                search = exc.status != 429  # a 429 created nothing
-                await anyio.sleep(self.api.backoff(attempt, exc.retry_after_s))
-                attempt += 1
+        raise AssertionError("unreachable: tenacity either returns or reraises")
 
     async def _wait(self, job: _Job, part: Part) -> RemoteBatch:
         """Poll until the remote batch is terminal, recording its request counts. Polling
         failures back off (``Retry-After`` first) without limit: the remote batch runs on."""
         assert part.batch_id is not None
         while True:
-            batch = await self.api.retrieve(part.batch_id, retries=-1)
+            batch = await self.api.retrieve(part.batch_id, forever=True)
             counts = batch.request_counts
             done = (counts.completed, counts.failed) if counts else (0, 0)
             if (part.completed, part.failed, part.remote_status) != (*done, batch.status.value):
