@@ -52,8 +52,9 @@ def child(flavor: str, url: str, state: str, n: int = 10_000) -> None:
             for i in range(n)
         ]
         started = time.perf_counter()
+        options: dict[str, Any] = {"flavor": flavor}  # a flavour name from the command line
         async with BatchAPIBatchInference(
-            url, flavor=flavor, poll_interval=0.1, state_dir=state
+            url, poll_interval_s=0.1, state_dir=state, **options
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", conversations, sampling_params=SamplingParams(max_tokens=16)

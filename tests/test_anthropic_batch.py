@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from batchclient import AnthropicBatchInference, ConfigurationError, RetryPolicy, make_client
+from batchclient.batchapi._anthropic import AnthropicBackend
 from batchclient.batchapi._anthropic_translate import error_of, to_completion, to_params
 from batchclient.cli import main
 from batchclient.testing import AnthropicBatchStub, StubReply
@@ -29,8 +30,8 @@ KEY = "sk-ant-test"
 
 
 def client(stub: AnthropicBatchStub, state: Path, **kw: Any) -> AnthropicBatchInference:
-    kw.setdefault("poll_interval", 0.02)
-    return AnthropicBatchInference(KEY, base_url=stub.url, retry=FAST, state_dir=state, **kw)
+    kw.setdefault("poll_interval_s", 0.02)
+    return AnthropicBatchInference(stub.url, api_key=KEY, retry=FAST, state_dir=state, **kw)
 
 
 def msgs(texts: list[str]) -> list[list[dict[str, Any]]]:
@@ -250,7 +251,7 @@ async def test_a_lost_create_among_parts_of_one_size_finds_its_own_batch(tmp_pat
     slow = RetryPolicy(backoff_initial_s=0.5, backoff_max_s=0.5)  # the other create answers first
     with AnthropicBatchStub(lose_creates=1) as stub:
         async with AnthropicBatchInference(
-            KEY, base_url=stub.url, poll_interval=0.02, retry=slow, max_lines=3, state_dir=tmp_path
+            stub.url, api_key=KEY, poll_interval_s=0.02, retry=slow, max_lines=3, state_dir=tmp_path
         ) as c:
             result = await c.batch_chat_completion("claude-x", msgs(texts))
     assert contents(result) == [f"echo: {t}" for t in texts]
@@ -324,7 +325,7 @@ CHILD = textwrap.dedent(
 
     async def main() -> None:
         async with AnthropicBatchInference(
-            "k", base_url=url, poll_interval=0.05, state_dir=state
+            url, api_key="k", poll_interval_s=0.05, state_dir=state
         ) as c:
             msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(20)]
             await c.batch_chat_completion("claude-x", msgs)
@@ -387,13 +388,14 @@ def test_the_key_comes_from_the_environment_or_is_refused(
     monkeypatch.setenv("ANTHROPIC_API_KEY", "from-env")
     built = make_client("anthropic-batch", state_dir=tmp_path)
     assert isinstance(built, AnthropicBatchInference)
-    assert built.provider.backend.api_key == "from-env"
+    backend = built.provider.backend
+    assert isinstance(backend, AnthropicBackend) and backend.api_key == "from-env"
     assert built.base_url == "https://api.anthropic.com"
     monkeypatch.delenv("ANTHROPIC_API_KEY")
     with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
         AnthropicBatchInference(state_dir=tmp_path)
     with pytest.raises(ConfigurationError, match="max_lines"):
-        AnthropicBatchInference("k", max_lines=200_000, state_dir=tmp_path)
+        AnthropicBatchInference(api_key="k", max_lines=200_000, state_dir=tmp_path)
 
 
 def test_tool_calls_come_back_as_openai_tool_calls_in_the_output_file(tmp_path: Path) -> None:
@@ -421,7 +423,7 @@ async def test_the_provider_interface_runs_one_request_as_a_one_request_batch() 
 
     with AnthropicBatchStub() as stub:
         provider = make_provider("anthropic-batch", api_key=KEY, base_url=stub.url,
-                                 poll_interval=0.02)  # fmt: skip
+                                 poll_interval_s=0.02)  # fmt: skip
         async with provider:
             body = {"model": "claude-x", "messages": [{"role": "user", "content": "one"}]}
             result = await provider.execute(Request(index=0, body=body))

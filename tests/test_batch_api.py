@@ -28,7 +28,7 @@ FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 
 def client(stub: BatchAPIStub, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
     return BatchAPIBatchInference(
-        stub.url, poll_interval=0.02, retry=FAST, state_dir=state, **kwargs
+        stub.url, poll_interval_s=0.02, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -101,21 +101,33 @@ async def test_split_by_max_bytes_and_a_line_over_the_limit(tmp_path: Path) -> N
     assert max(b.bytes_in for b in stub.batches.values()) <= 1024
 
 
-async def test_expired_batch_keeps_finished_lines_and_expires_the_rest(tmp_path: Path) -> None:
+async def test_what_an_expired_batch_did_not_run_goes_into_a_new_batch(tmp_path: Path) -> None:
     with BatchAPIStub(expire_after=3) as stub:
         async with client(stub, tmp_path) as c:
             result = await c.batch_chat_completion("smollm2", convo([f"e{i}" for i in range(6)]))
             job = (await c.batches.list())[0]
+    assert texts(result) == [f"echo: e{i}" for i in range(6)]
+    assert job.status == "completed" and stub.stats.creates == 2
+    assert [len(b.lines) for b in stub.batches.values()] == [6, 3]  # only what did not run
+
+
+async def test_expired_after_max_attempts_keeps_finished_lines_and_expires_the_rest(
+    tmp_path: Path,
+) -> None:
+    with BatchAPIStub(expire_after=3) as stub:
+        async with client(stub, tmp_path, max_attempts=1) as c:
+            result = await c.batch_chat_completion("smollm2", convo([f"e{i}" for i in range(6)]))
+            job = (await c.batches.list())[0]
     assert texts(result)[:3] == ["echo: e0", "echo: e1", "echo: e2"]
     assert [i.error.code for i in result.batch[3:] if i.error] == ["batch_expired"] * 3
-    assert job.status == "expired"
+    assert job.status == "expired" and stub.stats.creates == 1
     assert (job.request_counts.completed, job.request_counts.failed) == (3, 3)
 
 
 async def test_expired_lines_rerun_live_with_on_expired(tmp_path: Path) -> None:
     with BatchAPIStub(expire_after=2) as stub, StubServer(record_bodies=True) as live:
         fallback = RemoteProvider(live.url, retry=FAST)
-        async with client(stub, tmp_path, on_expired=fallback) as c:
+        async with client(stub, tmp_path, on_expired=fallback, max_attempts=1) as c:
             result = await c.batch_chat_completion("smollm2", convo([f"r{i}" for i in range(5)]))
             job = (await c.batches.list())[0]
     assert texts(result) == [f"echo: r{i}" for i in range(5)]
@@ -173,7 +185,7 @@ async def test_polling_outlasts_more_than_a_thousand_failed_polls(tmp_path: Path
     tiny = RetryPolicy(backoff_initial_s=0.0001, backoff_max_s=0.0002)
     with BatchAPIStub(poll_faults=[StubReply(status=503)] * 1100) as stub:
         async with BatchAPIBatchInference(
-            stub.url, poll_interval=0.02, retry=tiny, state_dir=tmp_path
+            stub.url, poll_interval_s=0.02, retry=tiny, state_dir=tmp_path
         ) as c:
             result = await c.batch_chat_completion("smollm2", convo(["a", "b"]))
     assert texts(result) == ["echo: a", "echo: b"]
@@ -281,7 +293,9 @@ async def test_bad_arguments_are_configuration_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError):
             BatchAPIBatchInference("http://127.0.0.1:1/v1", state_dir=tmp_path, **kwargs)
     with pytest.raises(ConfigurationError):
-        BatchAPIBatchInference("http://127.0.0.1:1/v1", "key\r\nX-Evil: 1", state_dir=tmp_path)
+        BatchAPIBatchInference(
+            "http://127.0.0.1:1/v1", api_key="key\r\nX-Evil: 1", state_dir=tmp_path
+        )
     with pytest.raises(ConfigurationError):
         BatchAPIBatchInference("ftp://host/v1", state_dir=tmp_path)
 
@@ -333,10 +347,10 @@ async def test_past_the_local_window_remote_batches_are_cancelled_and_kept(
 
 
 async def test_the_provider_alone_runs_each_request_as_a_one_line_batch(tmp_path: Path) -> None:
-    from batchclient import BatchAPIProvider, BatchClient
+    from batchclient import BatchClient, RemoteBatchProvider
 
     with BatchAPIStub(error_match="BAD") as stub:
-        provider = BatchAPIProvider(stub.url, poll_interval=0.02, retry=FAST)
+        provider = RemoteBatchProvider.batch_api(stub.url, poll_interval_s=0.02, retry=FAST)
         async with BatchClient(provider, state_dir=tmp_path) as c:
             result = await c.batch_chat_completion("smollm2", convo(["a", "b BAD"]))
     assert texts(result) == ["echo: a", None]

@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     url, state, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 
     async def main() -> None:
-        async with BatchAPIBatchInference(url, poll_interval=0.05, state_dir=state) as c:
+        async with BatchAPIBatchInference(url, poll_interval_s=0.05, state_dir=state) as c:
             if mode == "call":
                 msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
                 await c.batch_chat_completion("smollm2", msgs)
@@ -80,7 +80,7 @@ async def test_a_killed_call_reattaches_and_never_submits_twice(tmp_path: Path) 
         kill_once_submitted(stub, tmp_path, "call")
         assert (stub.stats.uploads, stub.stats.creates) == (1, 1)
         async with BatchAPIBatchInference(
-            stub.url, poll_interval=0.02, retry=FAST, state_dir=tmp_path
+            stub.url, poll_interval_s=0.02, retry=FAST, state_dir=tmp_path
         ) as c:
             msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
             result = await c.batch_chat_completion("smollm2", msgs)
@@ -97,7 +97,7 @@ async def test_a_killed_job_resumes_on_the_next_async_with(tmp_path: Path) -> No
     with BatchAPIStub(line_delay_s=0.05) as stub:
         kill_once_submitted(stub, state, "job", str(inp))
         async with BatchAPIBatchInference(
-            stub.url, poll_interval=0.02, retry=FAST, state_dir=state
+            stub.url, poll_interval_s=0.02, retry=FAST, state_dir=state
         ) as c:
             job = (await c.batches.list())[0]
             info = await c.batches.wait(job.id)  # resumed on entry: polls the same batch

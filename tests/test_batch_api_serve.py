@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy
+from batchclient.batchapi._openai import OpenAIBackend
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from jobs_util import jsonl, line, until, wait_sync
 
@@ -60,7 +61,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
 
 def client(serve: Serve, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
     return BatchAPIBatchInference(
-        serve.url, KEY, poll_interval=0.05, retry=FAST, state_dir=state, **kwargs
+        serve.url, api_key=KEY, poll_interval_s=0.05, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -84,7 +85,8 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
         batches = await remote_batches(serve)
         for b in batches:  # what a client that lost a create's answer looks for, it finds
             marks = {k: b["metadata"][k] for k in ("batchclient_job", "batchclient_part")}
-            found = await c.provider.api.find(b["input_file_id"], marks)
+            assert isinstance(c.provider.backend, OpenAIBackend)
+            found = await c.provider.backend.api.find(b["input_file_id"], marks)
             assert found is not None and found.id == b["id"]
     assert [i.completion_message.content for i in result.batch if i.completion_message] == [
         f"echo: m{i}" for i in range(10)
@@ -101,7 +103,8 @@ CHILD = textwrap.dedent(
 
     async def main() -> None:
         url, key, state = sys.argv[1], sys.argv[2], sys.argv[3]
-        async with BatchAPIBatchInference(url, key, poll_interval=0.05, state_dir=state) as c:
+        options = {"api_key": key, "poll_interval_s": 0.05, "state_dir": state}
+        async with BatchAPIBatchInference(url, **options) as c:
             msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(40)]
             await c.batch_chat_completion("smollm2", msgs)
         print("finished", flush=True)

@@ -26,7 +26,7 @@ from batchclient import (
     TopKSamplingStrategy,
     make_client,
 )
-from batchclient.batchapi._gemini import _inline_requests
+from batchclient.batchapi._gemini import GeminiBackend, _inline_requests
 from batchclient.batchapi._gemini_translate import to_request
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
@@ -39,7 +39,7 @@ KEY = "test-key"
 
 def client(stub: GeminiBatchStub, state: Path, **kwargs: Any) -> GeminiBatchInference:
     return GeminiBatchInference(
-        KEY, base_url=stub.url, poll_interval=0.02, retry=FAST, state_dir=state, **kwargs
+        stub.url, api_key=KEY, poll_interval_s=0.02, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -250,13 +250,19 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
     with pytest.raises(ConfigurationError, match="GEMINI_API_KEY"):
         GeminiBatchInference(state_dir=tmp_path)
     monkeypatch.setenv("GOOGLE_API_KEY", "g")
-    assert GeminiBatchInference(state_dir=tmp_path).provider.backend._api_key == "g"
+    assert _key(GeminiBatchInference(state_dir=tmp_path)) == "g"
     monkeypatch.setenv("GEMINI_API_KEY", "m")
-    assert GeminiBatchInference(state_dir=tmp_path).provider.backend._api_key == "m"
+    assert _key(GeminiBatchInference(state_dir=tmp_path)) == "m"
     with pytest.raises(ConfigurationError):
-        GeminiBatchInference("k", max_attempts=0, state_dir=tmp_path)
+        GeminiBatchInference(api_key="k", max_attempts=0, state_dir=tmp_path)
     with pytest.raises(ConfigurationError, match="20 MB"):
-        GeminiBatchInference("k", inline_bytes=20 * 1024**2, state_dir=tmp_path)
+        GeminiBatchInference(api_key="k", inline_bytes=20 * 1024**2, state_dir=tmp_path)
+
+
+def _key(client: GeminiBatchInference) -> str:
+    backend = client.provider.backend
+    assert isinstance(backend, GeminiBackend)
+    return backend.api_key
 
 
 def test_cli_run_with_the_gemini_batch_provider(
@@ -307,7 +313,7 @@ CHILD = textwrap.dedent(
 
     async def main() -> None:
         async with GeminiBatchInference(
-            "test-key", base_url=url, poll_interval=0.05, state_dir=state
+            url, api_key="test-key", poll_interval_s=0.05, state_dir=state
         ) as c:
             msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
             await c.batch_chat_completion("gemini-x", msgs)

@@ -10,16 +10,8 @@ from typing import Any, ForwardRef
 import pytest
 
 from batchclient import (
-    AnthropicBatchInference,
-    AnthropicBatchOptions,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
-    BatchAPIOptions,
-    BatchAPIProvider,
     ConfigurationError,
-    GeminiBatchInference,
-    GeminiBatchOptions,
-    GeminiBatchProvider,
     RayBatchInference,
     RayOptions,
     RayProvider,
@@ -29,6 +21,7 @@ from batchclient import (
     VLLMBatchInference,
     VLLMOptions,
     VLLMProvider,
+    make_provider,
 )
 
 CLIENT_OWN = {"state_dir", "cache"}
@@ -39,14 +32,8 @@ CASES: list[tuple[type, type, type, set[str]]] = [
     (RemoteOptions, RemoteProvider, RemoteBatchInference, set()),
     (VLLMOptions, VLLMProvider, VLLMBatchInference, set()),
     (RayOptions, RayProvider, RayBatchInference, set()),
-    (BatchAPIOptions, BatchAPIProvider, BatchAPIBatchInference,
-     {"max_lines", "max_bytes", "on_expired", "expiry_grace_s"}),
-    (AnthropicBatchOptions, AnthropicBatchProvider, AnthropicBatchInference,
-     {"max_attempts", "max_lines", "max_bytes", "on_expired", "expiry_grace_s"}),
-    (GeminiBatchOptions, GeminiBatchProvider, GeminiBatchInference,
-     {"max_attempts", "max_lines", "max_bytes", "inline_bytes", "completion_window",
-      "on_expired", "expiry_grace_s"}),
 ]  # fmt: skip
+# the batch providers' options are resolved from their TypedDicts (tests/test_batch_api_options.py)
 IDS = [options.__name__ for options, *_ in CASES]
 
 
@@ -109,9 +96,12 @@ def test_the_clients_pass_their_options_to_the_provider() -> None:
     assert (provider.max_concurrency, provider.max_retries, provider.timeout) == (3, 0, 5.0)
     assert RemoteBatchInference(base_url="http://127.0.0.1:9/v1").provider.max_concurrency == 64
     batch = BatchAPIBatchInference(
-        "http://127.0.0.1:9/v1", poll_interval=0.5, completion_window="1h", max_lines=10
+        "http://127.0.0.1:9/v1", poll_interval_s=0.5, completion_window="1h", max_lines=10
     )
-    assert (batch.provider.poll_interval, batch.completion_window) == (0.5, "1h")
+    assert (batch.provider.settings.poll_interval_s, batch.provider.completion_window) == (
+        0.5,
+        "1h",
+    )
     vllm = VLLMBatchInference(None, max_concurrency=5, dtype="float32")
     assert vllm.provider.max_concurrency == 5 and vllm.provider.engine_args == {"dtype": "float32"}
     ray = RayBatchInference(replicas=2, max_model_len=512)
@@ -127,10 +117,15 @@ def test_the_clients_pass_their_options_to_the_provider() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"poll_interval": 0}, {"timeout": 0}, {"max_retries": -1}, {"completion_window": "soon"}],
+    [
+        {"poll_interval_s": 0},
+        {"timeout_s": 0},
+        {"max_retries": -1},
+        {"completion_window": "soon"},
+    ],
 )
 def test_the_batch_api_provider_checks_its_own_options(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
-        BatchAPIProvider("http://127.0.0.1:9/v1", **options)
+        make_provider("batch-api", base_url="http://127.0.0.1:9/v1", **options)
     with pytest.raises(ConfigurationError):
         BatchAPIBatchInference("http://127.0.0.1:9/v1", **options)

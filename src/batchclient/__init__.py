@@ -27,6 +27,10 @@ Every client also runs OpenAI batch JSONL files as durable, resumable batches (`
 from ._core.client import (
     BatchClient,
 )
+from ._core.execution import (
+    Call,
+    Execution,
+)
 from ._core.provider import (
     DelegatingProvider,
     Provider,
@@ -50,13 +54,11 @@ from ._version import __version__
 from .batchapi import (
     AnthropicBatchInference,
     AnthropicBatchOptions,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
     BatchAPIOptions,
-    BatchAPIProvider,
     GeminiBatchInference,
     GeminiBatchOptions,
-    GeminiBatchProvider,
+    RemoteBatchProvider,
 )
 from .distributed import (
     RayBatchInference,
@@ -158,11 +160,9 @@ __all__ = [
     "AdaptiveConcurrency",
     "AnthropicBatchInference",
     "AnthropicBatchOptions",
-    "AnthropicBatchProvider",
     "Batch",
     "BatchAPIBatchInference",
     "BatchAPIOptions",
-    "BatchAPIProvider",
     "BatchChatCompletionResponse",
     "BatchClient",
     "BatchClientError",
@@ -183,6 +183,7 @@ __all__ = [
     "BatchStatus",
     "BatchUsage",
     "Batches",
+    "Call",
     "ChatCompletionResponse",
     "ClientClosedError",
     "CompletionMessage",
@@ -195,13 +196,13 @@ __all__ = [
     "Endpoint",
     "EndpointError",
     "ErrorCode",
+    "Execution",
     "FileDeleted",
     "FileNotFoundInStoreError",
     "FileObject",
     "Files",
     "GeminiBatchInference",
     "GeminiBatchOptions",
-    "GeminiBatchProvider",
     "GrammarResponseFormat",
     "GreedySamplingStrategy",
     "HFTokenizer",
@@ -225,6 +226,7 @@ __all__ = [
     "RayOptions",
     "RayProvider",
     "RemoteBatchInference",
+    "RemoteBatchProvider",
     "RemoteEndpoint",
     "RemoteOptions",
     "RemoteProvider",

@@ -23,13 +23,11 @@ from ._core.provider import Provider
 from .batchapi import (
     AnthropicBatchInference,
     AnthropicBatchOptions,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
     BatchAPIOptions,
-    BatchAPIProvider,
     GeminiBatchInference,
     GeminiBatchOptions,
-    GeminiBatchProvider,
+    RemoteBatchProvider,
 )
 from .distributed import RayBatchInference, RayOptions, RayProvider
 from .errors import ConfigurationError
@@ -106,7 +104,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "batch-api",
             "a remote OpenAI Batch API (/v1/files + /v1/batches; base_url)",
-            BatchAPIProvider,
+            RemoteBatchProvider.batch_api,
             BatchAPIBatchInference,
             BatchAPIOptions,
             cache=False,
@@ -114,7 +112,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "anthropic-batch",
             "Anthropic Message Batches (api_key or $ANTHROPIC_API_KEY; base_url optional)",
-            AnthropicBatchProvider,
+            RemoteBatchProvider.anthropic,
             AnthropicBatchInference,
             AnthropicBatchOptions,
             cache=False,
@@ -122,7 +120,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "gemini-batch",
             "Gemini Batch API (api_key or $GEMINI_API_KEY / $GOOGLE_API_KEY; base_url optional)",
-            GeminiBatchProvider,
+            RemoteBatchProvider.gemini,
             GeminiBatchInference,
             GeminiBatchOptions,
             cache=False,

@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .._redact import redact_url
 from .._routing.retry import parse_retry_after
-from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError
 from ..types import BatchStatus
 from ._flavors import FlavorSpec, create_body, flavor_of, list_params, normalize, read_page
@@ -91,9 +90,9 @@ def check_header_value(name: str, value: str) -> str:
 class BatchAPI:
     """One remote Batch API root (``base_url`` ends in ``/v1``). Use as ``async with``.
 
-    ``max_retries``: retries of a transient failure for uploads, creates, cancels and downloads
-    (``retrieve`` may retry without limit: a remote batch keeps running while its server has a
-    bad minute). ``timeout``: seconds without progress on one HTTP call (reading a body, or
+    Each call is one attempt (the runner retries), but for the lookups made of several
+    (:meth:`find`, the model of an uploaded file), which retry each of their calls with
+    ``retrier``. ``timeout_s``: seconds without progress on one HTTP call (reading a body, or
     connecting) before it is a transient failure. ``flavor``: the provider's variant of the
     shape (:mod:`._flavors`; None: named by the base URL's host, else ``openai``).
     """
@@ -107,9 +106,8 @@ class BatchAPI:
         api_key: str | None = None,
         *,
         headers: dict[str, str] | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 8,
-        retry: RetryPolicy = RetryPolicy(),
+        timeout_s: float = 600.0,
+        retrier: Retrier | None = None,
         flavor: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -123,10 +121,8 @@ class BatchAPI:
         }
         if api_key:
             self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
-        self.retrier = Retrier(max_retries, retry)
-        self.max_retries = max_retries
-        self.retry = retry
-        self.timeout = timeout
+        self.retrier = retrier if retrier is not None else Retrier()
+        self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> BatchAPI:
@@ -139,7 +135,7 @@ class BatchAPI:
     async def start(self) -> None:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout, sock_read=self.timeout
+                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
             )
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=timeout, trust_env=True
@@ -166,7 +162,7 @@ class BatchAPI:
                 if resp.status >= 300:
                     text = (await resp.read())[:2000].decode("utf-8", "replace")
                     wait = parse_retry_after(
-                        resp.headers.get("Retry-After"), cap_s=self.retry.retry_after_cap_s
+                        resp.headers.get("Retry-After"), cap_s=self.retrier.retry.retry_after_cap_s
                     )
                     raise ApiError(
                         f"{method} {path}: HTTP {resp.status}: {_message(text)}",
@@ -215,27 +211,23 @@ class BatchAPI:
 
     async def upload(self, path: Path, filename: str) -> str:
         """Upload a batch input file (``purpose=batch``; Together: ``batch-api``), streamed from
-        disk; its remote id."""
+        disk; its remote id. One attempt."""
         model = None
         if self.flavor.needs_model:  # a job's lines share one model (checked when it starts)
             model = await anyio.to_thread.run_sync(_first_model, path)
-
-        async def once() -> str:
-            f = await anyio.to_thread.run_sync(path.open, "rb")
-            try:
-                form = aiohttp.FormData()
-                form.add_field("purpose", self.flavor.purpose)
-                form.add_field("file", f, filename=filename, content_type="application/jsonl")
-                data = await self._json("POST", "/files", data=form)
-            finally:
-                f.close()
-            if not isinstance(data.get("id"), str):
-                raise ApiError("POST /files: answer has no file id", status=200, transient=True)
-            if model is not None:
-                self._models[str(data["id"])] = model
-            return str(data["id"])
-
-        return await self.retrier.call(once)
+        f = await anyio.to_thread.run_sync(path.open, "rb")
+        try:
+            form = aiohttp.FormData()
+            form.add_field("purpose", self.flavor.purpose)
+            form.add_field("file", f, filename=filename, content_type="application/jsonl")
+            data = await self._json("POST", "/files", data=form)
+        finally:
+            f.close()
+        if not isinstance(data.get("id"), str):
+            raise ApiError("POST /files: answer has no file id", status=200, transient=True)
+        if model is not None:
+            self._models[str(data["id"])] = model
+        return str(data["id"])
 
     async def create(
         self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str]
@@ -262,13 +254,13 @@ class BatchAPI:
             self._models[file_id] = model
         return model
 
-    async def retrieve(self, batch_id: str, *, forever: bool = False) -> RemoteBatch:
-        path = f"{self.flavor.batches}/{batch_id}"
-        return await self.retrier.call(lambda: self._batch("GET", path), forever=forever)
+    async def retrieve(self, batch_id: str) -> RemoteBatch:
+        """One attempt."""
+        return await self._batch("GET", f"{self.flavor.batches}/{batch_id}")
 
     async def cancel(self, batch_id: str) -> RemoteBatch:
-        path = f"{self.flavor.batches}/{batch_id}/cancel"
-        return await self.retrier.call(lambda: self._batch("POST", path))
+        """One attempt."""
+        return await self._batch("POST", f"{self.flavor.batches}/{batch_id}/cancel")
 
     async def find(
         self, input_file_id: str, metadata: dict[str, str], pages: int = 20
@@ -299,7 +291,7 @@ class BatchAPI:
         return None
 
     async def download(self, file_id: str, dest: Path) -> int:
-        """Stream a file's content to ``dest`` (replaced); the number of bytes."""
+        """Stream a file's content to ``dest`` (replaced); the number of bytes. One attempt."""
 
         async def read(resp: aiohttp.ClientResponse) -> int:
             size = 0
@@ -311,7 +303,7 @@ class BatchAPI:
                     size += len(chunk)
             return size
 
-        return await self.retrier.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        return await self._once("GET", f"/files/{file_id}/content", read)
 
     async def models(self) -> set[str] | None:
         """The served model ids (``GET /models``), or None when the server cannot list them."""

@@ -165,7 +165,8 @@ def add_provider_arguments(
         p.add_argument(
             "--poll-interval",
             type=float,
-            default=10.0,
+            default=None,
+            metavar="SECONDS",
             help="batch-api, anthropic-batch, gemini-batch: seconds between two polls of a "
             "remote batch (default 10)",
         )
@@ -281,32 +282,23 @@ def provider_options(args: argparse.Namespace) -> dict[str, Any]:
         key = args.upstream_api_key
         if getattr(args, "dry_run", False) and not key:
             key = "unused-by-dry-run"  # nothing is sent, so an estimate needs no key
-        options = {"api_key": key, "base_url": args.base_url}
-        options.update(poll_interval=args.poll_interval, timeout=args.timeout)
-        if args.max_retries is not None:
-            options["max_retries"] = args.max_retries
-        for dest in ("max_lines", "max_bytes"):  # the clients' packing (their defaults else)
-            if getattr(args, dest, None) is not None:
-                options[dest] = getattr(args, dest)
-        return options
+        options = {"api_key": key, "base_url": args.base_url, "timeout_s": args.timeout}
+        return {**options, **_batch_options(args)}
     if name in ("remote", "batch-api"):
         if not args.base_url:
             raise ConfigurationError(f"--provider {name} needs --base-url")
         flavor = getattr(args, "flavor", None) if name == "batch-api" else None
         key = args.upstream_api_key or os.environ.get(_key_variable(flavor, args.base_url))
         options = {"base_url": args.base_url, "api_key": key}
+        if name == "batch-api":
+            options.update(timeout_s=args.timeout, flavor=flavor, **_batch_options(args))
+            if getattr(args, "completion_window", None):
+                options["completion_window"] = args.completion_window
+            return options
         options["timeout"] = args.timeout
         if args.max_retries is not None:
             options["max_retries"] = args.max_retries
-        if name == "batch-api":
-            options.update(
-                poll_interval=args.poll_interval,
-                max_lines=args.max_lines,
-                max_bytes=args.max_bytes,
-                completion_window=args.completion_window,
-                flavor=flavor,
-            )
-        elif args.max_concurrency:
+        if args.max_concurrency:
             options["max_concurrency"] = args.max_concurrency
         return options
     options = {"model": args.model}
@@ -328,6 +320,14 @@ def provider_options(args: argparse.Namespace) -> dict[str, Any]:
             f"--engine-arg {', '.join(taken)}: give these with their own flags"
         )
     return {**options, **engine_args}
+
+
+def _batch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The batch providers' options given as flags (their own defaults otherwise)."""
+    flags = {"poll_interval_s": "poll_interval", "max_retries": "max_retries"}
+    flags.update(max_lines="max_lines", max_bytes="max_bytes")
+    given = {name: getattr(args, flag, None) for name, flag in flags.items()}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _key_variable(flavor: str | None, base_url: str) -> str:

@@ -59,7 +59,8 @@ def client_factory(
             raise ConfigurationError(f"provider={provider} needs base_url=... and model=...")
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         options = {"base_url": remote_base(base_url), "api_key": key or None}
-        options.update(timeout=float(timeout), max_retries=int(max_retries))
+        timeout_name = "timeout" if provider == "remote" else "timeout_s"
+        options.update({timeout_name: float(timeout)}, max_retries=int(max_retries))
         if provider == "remote":
             options["tokenizer"] = tokenizer
         elif tokenizer:
@@ -72,7 +73,7 @@ def client_factory(
         if tokenizer:
             raise ConfigurationError("tokenizer is for provider=remote")
         options = {"base_url": base_url or None, "api_key": api_key or None}
-        options.update(timeout=float(timeout), max_retries=int(max_retries))
+        options.update(timeout_s=float(timeout), max_retries=int(max_retries))
     else:
         if base_url or tokenizer:
             raise ConfigurationError("base_url and tokenizer are for provider=remote")
