@@ -227,6 +227,17 @@ async def test_still_expired_after_max_attempts_is_batch_expired(tmp_path: Path)
     assert job.status == "expired" and (stub.stats.creates, stub.stats.requests) == (2, 5)
 
 
+async def test_a_malformed_result_fails_only_its_own_item(tmp_path: Path) -> None:
+    texts = ["ok0", "INT1", "ok2", "HUGE3", "ODD4", "ok5"]
+    kinds = {"INT": "content", "HUGE": "usage", "ODD": "result"}
+    with AnthropicBatchStub(malformed=kinds) as stub:
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_chat_completion("claude-x", msgs(texts))
+    assert contents(result) == ["echo: ok0", None, "echo: ok2", None, None, "echo: ok5"]
+    assert [i.error.code for i in result.batch if i.error] == ["bad_upstream_response"] * 3
+    assert stub.stats.creates == 1
+
+
 async def test_429_and_5xx_on_create_and_polling_back_off_and_create_once(tmp_path: Path) -> None:
     faults = [StubReply(status=429, headers={"Retry-After": "0.05"}), StubReply(status=529)]
     polls = [StubReply(status=500), StubReply(status=429, headers={"retry-after": "0"})]

@@ -210,6 +210,18 @@ async def test_missing_output_line_is_bad_upstream_response(tmp_path: Path) -> N
     assert error is not None and error.code == "bad_upstream_response"
 
 
+async def test_malformed_output_lines_fail_only_their_own_items(tmp_path: Path) -> None:
+    kinds = {"ARRAY": "object", "NOID": "custom_id", "BODY": "body", "TORN": "json"}
+    kinds["HUGE"] = "usage"
+    prompts = ["a", "b ARRAY", "c", "d NOID", "e BODY", "f TORN", "g HUGE", "h"]
+    with BatchAPIStub(malformed=kinds) as stub:
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_chat_completion("smollm2", convo(prompts))
+    assert texts(result) == ["echo: a", None, "echo: c", None, None, None, None, "echo: h"]
+    assert [i.error.code for i in result.batch if i.error] == ["bad_upstream_response"] * 5
+    assert stub.stats.creates == 1  # a malformed answer is final: nothing is sent twice
+
+
 async def test_schedule_batch_job_calls_and_openai_output(tmp_path: Path) -> None:
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([line(f"r{i}", f"n{i}") for i in range(5)]))

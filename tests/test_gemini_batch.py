@@ -130,6 +130,20 @@ async def test_retries_run_out_after_max_attempts(tmp_path: Path) -> None:
     assert stub.stats.creates == 2
 
 
+@pytest.mark.parametrize("inline_bytes", [0, 1024**2], ids=["file", "inline"])
+async def test_a_malformed_answer_fails_only_its_own_item(
+    tmp_path: Path, inline_bytes: int
+) -> None:
+    prompts = ["r0", "r1 ODD", "r2", "r3 INT", "r4 HUGE", "r5"]
+    kinds = {"ODD": "response", "INT": "candidates", "HUGE": "usage"}
+    with GeminiBatchStub(api_key=KEY, shuffle=True, malformed=kinds) as stub:
+        async with client(stub, tmp_path, inline_bytes=inline_bytes) as c:
+            result = await c.batch_chat_completion("gemini-x", convo(prompts))
+    assert texts(result) == ["echo: r0", None, "echo: r2", None, None, "echo: r5"]
+    assert [i.error.code for i in result.batch if i.error] == ["bad_upstream_response"] * 3
+    assert stub.stats.creates == 1 and stub.stats.uploads == (1 if inline_bytes == 0 else 0)
+
+
 async def test_429_and_5xx_on_create_and_polling(tmp_path: Path) -> None:
     busy = StubReply(status=429, body={"error": {"code": 429}}, headers={"Retry-After": "0.05"})
     down = StubReply(status=503, body={"error": {"code": 503, "message": "down"}})

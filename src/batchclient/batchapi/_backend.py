@@ -83,9 +83,13 @@ def ok_line(
     wire: str, body: dict[str, Any], request_id: str | None = None, *, status: int = 200
 ) -> bytes:
     """A normalised answer: ``body`` in the OpenAI shape of the job's endpoint (a
-    ``chat.completion`` for chat)."""
+    ``chat.completion`` for chat); a body JSON cannot hold is the request's
+    ``bad_upstream_response``."""
     response = {"status_code": status, "body": body, "request_id": request_id}
-    return _line({"custom_id": wire}, False, response=response)
+    try:
+        return _line({"custom_id": wire}, False, response=response)
+    except TypeError as exc:  # orjson: an integer over 64 bits, a value that is not JSON
+        return error_line(wire, "bad_upstream_response", f"the answer cannot be kept: {exc}")
 
 
 def error_line(
