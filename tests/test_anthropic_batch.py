@@ -2,16 +2,11 @@
 SDK (a shape the SDK would not parse fails here): translation both ways, packing, per-item
 errors, resubmission of only what needs it, 429 / 5xx on create and polling, a lost create
 answer, cancel keeping what finished, ``anthropic-version`` and sampling fields, ids mapped and
-back, a SIGKILLed client re-attached with no second create, and the CLI."""
+back, and the CLI. Crash and resume: ``tests/test_batch_api_resume.py``."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +18,7 @@ from batchclient.batchapi._anthropic import AnthropicBackend
 from batchclient.batchapi._anthropic_translate import error_of, to_completion, to_params
 from batchclient.cli import main
 from batchclient.testing import AnthropicBatchStub, StubReply
-from jobs_util import jsonl, line, read_jsonl, until, wait_sync
+from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 KEY = "sk-ant-test"
@@ -325,54 +320,6 @@ async def test_job_cancel_cancels_remotely_and_keeps_what_finished(tmp_path: Pat
     codes = [i.error.code if i.error else "ok" for i in result.batch]
     assert codes == ["ok"] * 4 + ["batch_cancelled"] * 4
     assert stub.stats.creates == 2  # a cancel is not resubmitted
-
-
-CHILD = textwrap.dedent(
-    """
-    import sys, anyio
-    from batchclient import AnthropicBatchInference
-
-    url, state = sys.argv[1], sys.argv[2]
-
-    async def main() -> None:
-        async with AnthropicBatchInference(
-            url, api_key="k", poll_interval_s=0.05, state_dir=state
-        ) as c:
-            msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(20)]
-            await c.batch_chat_completion("claude-x", msgs)
-        print("finished", flush=True)
-
-    anyio.run(main)
-    """
-)
-
-
-def kill_once_polling(stub: AnthropicBatchStub, state: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, stub.url, str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        wait_sync(lambda: stub.stats.polls >= 1 or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert b"finished" not in (proc.stdout.read() if proc.stdout else b"")
-
-
-@pytest.mark.slow  # a child process that imports the SDK: about 6 s
-async def test_a_killed_client_reattaches_and_never_creates_twice(tmp_path: Path) -> None:
-    with AnthropicBatchStub(process_s=1.0) as stub:
-        kill_once_polling(stub, tmp_path)
-        assert stub.stats.creates == 1
-        async with client(stub, tmp_path) as c:
-            msgs_ = [[{"role": "user", "content": f"k{i}"}] for i in range(20)]
-            result = await c.batch_chat_completion("claude-x", msgs_)
-    assert contents(result) == [f"echo: k{i}" for i in range(20)]
-    assert (stub.stats.creates, stub.stats.requests) == (1, 20)
 
 
 def test_cli_run_with_the_anthropic_batch_provider(tmp_path: Path) -> None:

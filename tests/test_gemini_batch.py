@@ -2,16 +2,10 @@
 stub on loopback (``batchclient.testing.GeminiBatchStub``): inline and uploaded-file batches,
 results out of order, refused and unsupported items, resubmission of what expired or failed
 retryably (and only that), 429 / 5xx on create and polling, lost create answers, a stuck batch
-cancelled, and a client SIGKILLed while waiting that re-attaches without a second create."""
+cancelled. Crash and resume: ``tests/test_batch_api_resume.py``."""
 
 from __future__ import annotations
 
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +25,7 @@ from batchclient.batchapi._gemini_translate import to_request
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
 from batchclient.testing import GeminiBatchStub, StubReply
-from jobs_util import jsonl, line, read_jsonl, until, wait_sync
+from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 KEY = "test-key"
@@ -313,72 +307,6 @@ def _jsonl(tmp_path: Path, prompts: list[str]) -> Path:
     ]  # fmt: skip
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
-
-
-# ---------------------------------------------------------------------------- kill and re-attach
-
-N = 20
-CHILD = textwrap.dedent(
-    """
-    import sys, anyio
-    from batchclient import GeminiBatchInference
-
-    url, state = sys.argv[1], sys.argv[2]
-
-    async def main() -> None:
-        async with GeminiBatchInference(
-            url, api_key="test-key", poll_interval_s=0.05, state_dir=state
-        ) as c:
-            msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
-            await c.batch_chat_completion("gemini-x", msgs)
-        print("finished", flush=True)
-
-    anyio.run(main)
-    """
-).replace("range(N)", f"range({N})")
-
-
-def _submitted(state: Path) -> bool:
-    db = state / "batchclient.sqlite3"
-    if not db.exists():
-        return False
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        try:
-            row = conn.execute(
-                "SELECT count(*) FROM remote_parts WHERE batch_id IS NOT NULL"
-            ).fetchone()
-        except sqlite3.OperationalError:
-            return False
-    return bool(row[0])
-
-
-def _kill_once_waiting(stub: GeminiBatchStub, state: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, stub.url, str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_sync(lambda: _submitted(state) or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        wait_sync(lambda: stub.stats.polls >= 1, timeout=30)  # it is waiting
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert b"finished" not in (proc.stdout.read() if proc.stdout else b"")
-
-
-@pytest.mark.slow  # a child process that imports the SDK: a few seconds
-async def test_killed_client_reattaches_without_a_second_create(tmp_path: Path) -> None:
-    with GeminiBatchStub(api_key=KEY, item_delay_s=0.05) as stub:
-        _kill_once_waiting(stub, tmp_path)
-        assert stub.stats.creates == 1
-        async with client(stub, tmp_path) as c:
-            result = await c.batch_chat_completion("gemini-x", convo([f"k{i}" for i in range(N)]))
-    assert texts(result) == [f"echo: k{i}" for i in range(N)]
-    assert stub.stats.creates == 1 and stub.stats.requests == N
 
 
 @pytest.mark.heavy

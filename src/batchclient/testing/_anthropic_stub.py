@@ -91,6 +91,8 @@ class AnthropicBatchStub(LoopbackApp):
             is made or read): ``StubReply(status=429, headers={"Retry-After": "1"})``.
         lose_creates: the first N creates make the batch, then answer 500.
         api_key: when set, every call needs it (``x-api-key`` or ``Authorization: Bearer``).
+        create_delay_s: seconds a create waits, the batch already made, before it answers.
+        results_delay_s: seconds a results download waits before it answers.
         malformed: requests whose text contains a key get a malformed result of that kind:
             ``content`` (the message's content an integer), ``usage`` (an output token count
             of 2**70) or ``result`` (a result that is not an object).
@@ -114,9 +116,13 @@ class AnthropicBatchStub(LoopbackApp):
         api_key: str | None = None,
         seed: int = 0,
         malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        results_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
         self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.results_delay_s = results_delay_s
         self.process_s = process_s
         self.error_match = error_match
         self.overload_match = overload_match
@@ -200,6 +206,8 @@ class AnthropicBatchStub(LoopbackApp):
         self.stats.bytes_in += len(raw)
         self.stats.requests += len(requests)
         self.seen_params.extend(r["params"] for r in requests)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(500, "api_error", "the answer was lost")
@@ -246,6 +254,8 @@ class AnthropicBatchStub(LoopbackApp):
         if batch is None or not self._ended(batch):
             return _error(404, "not_found_error", "no results yet")
         self.stats.results += 1
+        if self.results_delay_s:
+            await self._hold(self.results_delay_s)
         lines = self._finish(batch)
         shuffled = list(lines)
         self._rng.shuffle(shuffled)  # "not guaranteed to be in the same order as requests"

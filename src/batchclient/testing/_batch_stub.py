@@ -82,6 +82,10 @@ class BatchAPIStub(LoopbackApp):
         page_cap: the most batches one page of the batch list holds, whatever was asked.
         odd_status: a status word no reference lists, reported instead of the running state
             by the first ``odd_polls`` polls of each batch.
+        create_delay_s: seconds a create waits, the batch already made, before it answers
+            (a client killed meanwhile sent a create whose answer it never saw).
+        download_delay_s: seconds a file download waits before it answers (a client killed
+            meanwhile was collecting).
         malformed: lines containing a key get a malformed output line of that kind:
             ``object`` (a JSON array), ``custom_id`` (no ``custom_id``), ``body`` (a body that
             is not a JSON object), ``usage`` (a token count of 2**70) or ``json`` (a line that
@@ -107,9 +111,13 @@ class BatchAPIStub(LoopbackApp):
         odd_status: str | None = None,
         odd_polls: int = 0,
         malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        download_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
         self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.download_delay_s = download_delay_s
         if flavor not in ("openai", "together", "groq", "mistral"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor = flavor
@@ -199,6 +207,8 @@ class BatchAPIStub(LoopbackApp):
             return _error(404, f"no file {file_id}", "not_found")
         self.stats.downloads += 1
         self.calls.append("download")
+        if self.download_delay_s:
+            await self._hold(self.download_delay_s)
         return web.FileResponse(self._dir / file_id)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -233,6 +243,8 @@ class BatchAPIStub(LoopbackApp):
         task = asyncio.get_running_loop().create_task(self._process(self.batches[batch_id]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(502, "bad gateway (the batch was created)", "server_error")

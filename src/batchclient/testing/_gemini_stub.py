@@ -89,6 +89,8 @@ class GeminiBatchStub(LoopbackApp):
             order, instead of the real one (a create fault creates nothing).
         lose_creates: the first N creates make the batch, then answer 502.
         api_key: when set, every call needs ``x-goog-api-key: <api_key>`` (else 401).
+        create_delay_s: seconds a create waits, the batch already made, before it answers.
+        download_delay_s: seconds a file download waits before it answers.
         malformed: requests whose text contains a key get a malformed answer of that kind:
             ``response`` (not an object), ``candidates`` (an integer) or ``usage`` (a token
             count of 2**70).
@@ -110,9 +112,13 @@ class GeminiBatchStub(LoopbackApp):
         lose_creates: int = 0,
         api_key: str | None = None,
         malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        download_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
         self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.download_delay_s = download_delay_s
         self.item_delay_s = item_delay_s
         self.shuffle = shuffle
         self.refuse_match = refuse_match
@@ -204,6 +210,8 @@ class GeminiBatchStub(LoopbackApp):
             return _error(404, "no such file", "NOT_FOUND")
         self.stats.downloads += 1
         self.calls.append("download")
+        if self.download_delay_s:
+            await self._hold(self.download_delay_s)
         return web.FileResponse(path)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -241,6 +249,8 @@ class GeminiBatchStub(LoopbackApp):
         task = asyncio.get_running_loop().create_task(self._process(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(502, "bad gateway (the batch was created)", "UNAVAILABLE")
