@@ -20,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy
+from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy, make_provider
 from batchclient.batchapi._openai import OpenAIBackend
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from jobs_util import jsonl, line, until, wait_sync
@@ -94,6 +94,30 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
     assert len(batches) == 3
     assert sorted(b["request_counts"]["total"] for b in batches) == [2, 4, 4]
     assert all(b["status"] == "completed" for b in batches)
+
+
+async def test_lines_rate_limited_twice_are_answered_by_the_third_remote_batch(
+    tmp_path: Path,
+) -> None:
+    """The server runs its upstream without retries (``batchclient serve --max-retries 0``),
+    and the upstream answers some lines 429 twice: the client resubmits just those lines, in
+    a new remote batch each time, and the third answers them."""
+    busy = StubReply(status=429, body={"error": {"message": "slow down", "type": "rate_limit"}})
+    with StubServer(record_bodies=True, faults=[Fault(busy, match="BUSY", last_attempt=2)]) as stub:
+        provider = make_provider("remote", base_url=stub.url, max_retries=0)
+        app = server_module.create_app(provider, state_dir=tmp_path / "server", api_keys=[KEY])
+        with AppServer(app) as url:
+            serve = Serve(url + "/v1", stub, tmp_path / "server")
+            prompts = [f"q{i}" + (" BUSY" if i % 3 == 0 else "") for i in range(9)]
+            async with client(serve, tmp_path / "client", max_attempts=3) as c:
+                result = await c.batch_chat_completion("smollm2", convo(prompts))
+            batches = await remote_batches(serve)
+    assert [i.error for i in result.batch] == [None] * 9
+    texts = [i.completion_message.content for i in result.batch if i.completion_message]
+    assert texts == [f"echo: {p}" for p in prompts]
+    assert sorted(b["request_counts"]["total"] for b in batches) == [3, 3, 9]
+    sent = serve.sent()  # the answered lines went once; the rate-limited ones three times
+    assert {p: sent[p] for p in prompts} == {p: 3 if "BUSY" in p else 1 for p in prompts}
 
 
 CHILD = textwrap.dedent(
