@@ -312,6 +312,19 @@ async def test_bad_arguments_are_configuration_errors(tmp_path: Path) -> None:
         BatchAPIBatchInference("ftp://host/v1", state_dir=tmp_path)
 
 
+async def test_scoring_text_without_a_tokenizer_says_what_works(tmp_path: Path) -> None:
+    from batchclient import AnthropicBatchInference, ConfigurationError
+
+    with BatchAPIStub() as stub:
+        async with client(stub, tmp_path) as c:
+            with pytest.raises(ConfigurationError, match="tokenizer=<local folder"):
+                await c.batch_loglikelihood("smollm2", [("The capital is", " Paris")])
+    assert stub.stats.uploads == 0  # refused before anything was sent
+    chat_only = AnthropicBatchInference(api_key="k", state_dir=tmp_path / "a")
+    with pytest.raises(ConfigurationError, match=r"cannot score: .* batch-api"):
+        await chat_only.provider.tokenizer("claude-x")
+
+
 async def test_output_lines_in_the_store_are_openai_batch_lines(tmp_path: Path) -> None:
     with BatchAPIStub() as stub:
         async with client(stub, tmp_path) as c:

@@ -120,6 +120,43 @@ async def test_lines_rate_limited_twice_are_answered_by_the_third_remote_batch(
     assert {p: sent[p] for p in prompts} == {p: 3 if "BUSY" in p else 1 for p in prompts}
 
 
+def test_lm_eval_scores_text_through_the_batch_api_with_a_local_tokenizer(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """``batchclient lm-eval --provider batch-api --tokenizer DIR``: loglikelihood requests go as
+    ``/v1/completions`` batch lines of token ids asking for the prompt's log-probabilities
+    (``echo`` + ``logprobs``, as the remote provider sends them), through the server to its
+    upstream, and come back as lm-eval's scores."""
+    from lm_eval.api.instance import Instance
+
+    from batchclient.integrations.lm_eval import BatchClientLM
+    from batchclient.models import bundled_model_path
+    from batchclient.testing._stub_answers import token_logprob
+    from providers import tokenizer
+
+    pairs = [("The capital of France is", " Paris"), ("Two plus two is", " four")]
+    model = BatchClientLM(
+        provider="batch-api", base_url=serve.url, api_key=KEY, model="smollm2",
+        tokenizer=str(bundled_model_path()), state_dir=str(tmp_path / "lm"),
+        poll_interval_s=0.05,
+    )  # fmt: skip
+    with model:
+        scores = model.loglikelihood(
+            [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+        )
+        rolling = model.loglikelihood_rolling(
+            [Instance("loglikelihood_rolling", {}, ("Paris",), 0)]
+        )
+    tok = tokenizer()
+    for (context, continuation), (score, _) in zip(pairs, scores, strict=True):
+        ctx, whole = tok([context]).input_ids[0], tok([context + continuation]).input_ids[0]
+        assert score == pytest.approx(sum(token_logprob(t) for t in whole[len(ctx) :]))
+    bodies = serve.stub.stats.bodies
+    assert [b["prompt"] for b in bodies[:2]] == [tok([c + x]).input_ids[0] for c, x in pairs]
+    assert all(b["echo"] is True and b["logprobs"] == 1 for b in bodies)
+    assert bodies[2]["prompt"][0] == tok.bos_token_id and isinstance(rolling[0], float)
+
+
 CHILD = textwrap.dedent(
     """
     import sys, anyio

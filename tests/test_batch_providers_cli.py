@@ -58,7 +58,7 @@ def test_lm_eval_client_reaches_the_base_url_with_the_provider_key(
     )
     options: dict[str, Any] = {"api_key": None, "max_concurrency": None, "timeout": 30.0}
     options.update(max_retries=0, state_dir=tmp_path, engine_args={"poll_interval_s": 0.02})
-    with pytest.raises(ConfigurationError, match="tokenizer is for provider=remote"):
+    with pytest.raises(ConfigurationError, match="tokenizer is for provider=remote or batch-api"):
         client_factory(provider, "m", base_url=None, tokenizer="dir", **options)
     with pytest.raises(ConfigurationError, match="needs model"):
         client_factory(provider, None, base_url=None, tokenizer=None, **options)

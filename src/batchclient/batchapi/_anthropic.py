@@ -174,6 +174,9 @@ class AnthropicBackend:
     async def models(self) -> set[str] | None:
         return None  # not asked: one more call per batch, and a key may be scoped to some
 
+    async def context_length(self, model: str) -> int | None:
+        return None
+
     def wire_id(self, line: RequestLine) -> str:
         return str(line.seq)  # custom_id may be any string; Anthropic's must match an id rule
 

@@ -305,8 +305,9 @@ class BatchAPI:
 
         return await self._once("GET", f"/files/{file_id}/content", read)
 
-    async def models(self) -> set[str] | None:
-        """The served model ids (``GET /models``), or None when the server cannot list them."""
+    async def models(self) -> dict[str, dict[str, Any]] | None:
+        """The served models (``GET /models``) by id, or None when the server cannot list
+        them."""
         try:
             data = await self._json("GET", "/models")
         except ApiError:
@@ -314,7 +315,7 @@ class BatchAPI:
         entries = data.get("data")
         if not isinstance(entries, list):
             return None
-        return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+        return {str(e.get("id")): e for e in entries if isinstance(e, dict)}
 
 
 def _first_model(path: Path) -> str | None:

@@ -146,6 +146,11 @@ class RemoteBatchBackend(Protocol):
         """The model names served, or None when they cannot be listed."""
         ...
 
+    async def context_length(self, model: str) -> int | None:
+        """``model``'s context in tokens where the API lists it (vLLM's ``max_model_len``),
+        else None."""
+        ...
+
     def wire_id(self, line: RequestLine) -> str:
         """The id ``line`` is sent under (its ``custom_id``, or its line number where the
         provider restricts ids; Anthropic: ``^[a-zA-Z0-9_-]{1,64}$``)."""

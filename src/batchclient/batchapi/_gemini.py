@@ -175,6 +175,9 @@ class GeminiBackend:
     async def models(self) -> set[str] | None:
         return None  # not asked: one more call per batch
 
+    async def context_length(self, model: str) -> int | None:
+        return None
+
     def wire_id(self, line: RequestLine) -> str:
         return str(line.seq)  # custom_id may be any string; a key is kept short and plain
 

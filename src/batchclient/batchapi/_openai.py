@@ -84,7 +84,12 @@ class OpenAIBackend:
         await self.api.stop()
 
     async def models(self) -> set[str] | None:
-        return await self.api.models()
+        cards = await self.api.models()
+        return None if cards is None else set(cards)
+
+    async def context_length(self, model: str) -> int | None:
+        limit = ((await self.api.models()) or {}).get(model, {}).get("max_model_len")
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
     def wire_id(self, line: RequestLine) -> str:
         return line.custom_id

@@ -1,7 +1,7 @@
 """The options of the remote batch providers, declared once (``batchclient._options``).
 
 :class:`RemoteBatchOptions` is what every batch API takes; each backend's ``TypedDict`` extends
-it with its own (:class:`BatchAPIOptions`: ``flavor``, ``check_model``;
+it with its own (:class:`BatchAPIOptions`: ``flavor``, ``check_model``, ``tokenizer``;
 :class:`AnthropicBatchOptions`: ``api_version``, ``max_tokens``;
 :class:`GeminiBatchOptions`: ``inline_bytes``). The provider resolves them
 (:func:`~batchclient._options.resolve`); the clients take them as ``**options: Unpack[...]``
@@ -135,6 +135,16 @@ class BatchAPIOptions(RemoteBatchOptions, total=False):
             True,
             "Ask GET /models once per model and raise ModelNotFoundError for one the server "
             "does not list (skipped when it cannot list models).",
+        ),
+    ]
+    tokenizer: Annotated[
+        str | None,
+        Option(
+            None,
+            "A local folder with the model's tokenizer files, for the scoring calls on text "
+            "(batch_loglikelihood, batch_loglikelihood_rolling, lm-eval) and exact prompt "
+            "token counts in dry runs; scoring token ids needs none.",
+            metavar="DIR",
         ),
     ]
 

@@ -21,9 +21,11 @@ from anyio import to_thread
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.tokens import Tokenizer, local_tokenizer
 from .._options import resolve
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..jobs import RequestLine, parse_window
+from ..types import Endpoint
 from ._anthropic import AnthropicBackend
 from ._backend import RemoteBatchBackend
 from ._collect import one_result
@@ -57,6 +59,7 @@ class RemoteBatchProvider(Provider):
         *,
         completion_window: str,
         check_model: bool = False,
+        tokenizer: str | None = None,
     ) -> None:
         self.backend = backend
         self.endpoints = backend.endpoints
@@ -71,6 +74,8 @@ class RemoteBatchProvider(Provider):
         self.on_expired = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
         self._check_models = check_model
         self._known: set[str] = set()
+        self._tokenizer_dir = tokenizer
+        self._tokenizers: dict[str, Tokenizer] = {}
 
     # ------------------------------------------------------------------ the three backends
 
@@ -90,8 +95,9 @@ class RemoteBatchProvider(Provider):
         window = given["completion_window"] or "24h"
         check_window(backend.api.flavor, window, backend.api.base_url)
         return cls(
-            backend, given, retrier, completion_window=window, check_model=given["check_model"]
-        )
+            backend, given, retrier, completion_window=window, check_model=given["check_model"],
+            tokenizer=given["tokenizer"],
+        )  # fmt: skip
 
     @classmethod
     def anthropic(
@@ -186,6 +192,36 @@ class RemoteBatchProvider(Provider):
         if listed is not None and model not in listed:
             raise ModelNotFoundError(model, sorted(listed))
         self._known.add(model)
+
+    async def tokenizer_path(self, model: str) -> str | None:
+        return self._tokenizer_dir
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """The local tokenizer folder given as ``tokenizer`` (a batch API has no tokenizer of
+        its own to ask), with ``model``'s context where the API lists it.
+
+        Raises:
+            ConfigurationError: no ``tokenizer`` was given, or this API cannot score (it
+                serves chat completions only).
+        """
+        if Endpoint.completions not in self.endpoints:
+            raise ConfigurationError(
+                f"{self.backend.name} cannot score: it serves {Endpoint.chat_completions.value} "
+                "only; scoring (log-likelihoods, lm-eval) needs /v1/completions, which "
+                "batch-api (an OpenAI-shaped Batch API, a batchclient serve), remote, vllm "
+                "and ray serve"
+            )
+        if self._tokenizer_dir is None:
+            raise ConfigurationError(
+                "scoring text needs the model's tokenizer: pass tokenizer=<local folder with "
+                "the model's tokenizer files> (or --tokenizer); or give the requests as token ids"
+            )
+        known = self._tokenizers.get(model)
+        if known is None:
+            limit = await self.backend.context_length(model)
+            known = await to_thread.run_sync(local_tokenizer, self._tokenizer_dir, limit)
+            self._tokenizers[model] = known
+        return known
 
     async def execute(self, request: Request) -> Result:
         line = RequestLine(seq=0, line=1, custom_id="0", body=request.body)

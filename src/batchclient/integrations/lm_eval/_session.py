@@ -61,22 +61,21 @@ def client_factory(
         options = {"base_url": remote_base(base_url), "api_key": key or None}
         timeout_name = "timeout" if provider == "remote" else "timeout_s"
         options.update({timeout_name: float(timeout)}, max_retries=int(max_retries))
-        if provider == "remote":
-            options["tokenizer"] = tokenizer
-        elif tokenizer:
-            raise ConfigurationError("tokenizer is for provider=remote")
+        options["tokenizer"] = tokenizer  # scoring text, and chat templates
     elif provider in ("anthropic-batch", "gemini-batch"):
         # chat only (completions and scoring calls are refused with the endpoint's name);
         # their own default hosts and key variables, which the client reads
         if not model:
             raise ConfigurationError(f"provider={provider} needs model=...")
         if tokenizer:
-            raise ConfigurationError("tokenizer is for provider=remote")
+            raise ConfigurationError(
+                f"tokenizer is for provider=remote or batch-api: {provider} cannot score"
+            )
         options = {"base_url": base_url or None, "api_key": api_key or None}
         options.update(timeout_s=float(timeout), max_retries=int(max_retries))
     else:
         if base_url or tokenizer:
-            raise ConfigurationError("base_url and tokenizer are for provider=remote")
+            raise ConfigurationError("base_url and tokenizer are for provider=remote or batch-api")
         options = {"model": model}
     if max_concurrency:
         options["max_concurrency"] = int(max_concurrency)
