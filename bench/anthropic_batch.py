@@ -9,7 +9,7 @@ counted) and the measured client (this process). Figures, for N conversations (d
   ``bytes_uploaded``: the create bodies' bytes, as the stub read them;
 - ``wall_s``: the whole ``batch_chat_completion`` (translate, pack, create, poll, read the
   results, decode) with the stub's simulated processing at 0 s, so it is the client's own time
-  plus at most one ``poll_interval`` per batch; ``peak_rss_mib`` (psutil, every 10 ms) and
+  plus at most one ``poll_interval_s`` per batch; ``peak_rss_mib`` (psutil, every 10 ms) and
   ``rss_before_mib`` (after imports, before the call);
 - ``kill``: a child client SIGKILLed once it polls its batch (the stub holds each batch 3 s),
   then the same call made again from a fresh process: ``creates`` (target 1), every answer

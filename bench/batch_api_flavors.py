@@ -3,7 +3,7 @@
 For each flavour (``openai``, ``together``, ``groq``, ``mistral``) the Batch API stub speaks that
 provider's shape (``BatchAPIStub(flavor=...)``, in this process) and a fresh child process makes
 one ``batch_chat_completion`` of N conversations (default 10,000; 40-word prompts,
-``max_tokens`` 16) with ``poll_interval`` 0.1 s:
+``max_tokens`` 16) with ``poll_interval_s`` 0.1 s:
 
 - ``creates`` / ``uploads`` / ``bytes_uploaded``: what the stub received;
 - ``total_s``: the child's whole call (write, upload, create, the stub answering every line,
