@@ -20,7 +20,8 @@ from batchclient import (
     TopKSamplingStrategy,
     make_client,
 )
-from batchclient.batchapi._gemini import GeminiBackend, _inline_requests
+from batchclient.batchapi._gemini import GeminiBackend
+from batchclient.batchapi._gemini_files import inline_requests
 from batchclient.batchapi._gemini_translate import to_request
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
@@ -239,7 +240,7 @@ async def test_sdk_inline_path_sends_the_translation_unchanged(tmp_path: Path) -
     from google.genai import types
 
     with GeminiBatchStub(api_key=KEY) as stub:
-        model, src = _inline_requests(path)
+        model, src = inline_requests(path)
         sdk = genai.Client(api_key=KEY, http_options=types.HttpOptions(base_url=stub.url))
         await sdk.aio.batches.create(model=model, src=src)
         await sdk.aio.aclose()

@@ -29,14 +29,14 @@ import anyio
 import orjson
 from anyio import to_thread
 
-from .._core.decode import http_error
 from .._core.request import Result, failed
 from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs import RequestLine
 from ..types import Endpoint
-from ._backend import RemoteState, error_line, ok_line, rest_line
-from ._gemini_translate import Unsupported, status_of, to_completion, to_request
+from ._backend import RemoteState, rest_line
+from ._gemini_files import first_model, inline_requests, write_file, write_inline
+from ._gemini_translate import Unsupported, to_request
 from ._parts import Limits, private_file
 from ._retry import ApiError, Retrier
 
@@ -60,9 +60,6 @@ MAX_LINES = 100_000
 are resubmitted) in smaller pieces."""
 
 _CHAT = "/v1/chat/completions"
-_RETRYABLE_STATUS = frozenset(
-    {"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
-)
 _TRANSIENT_HTTP = frozenset({408, 409, 429, 500, 502, 503, 504})
 _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
@@ -222,10 +219,10 @@ class GeminiBackend:
         config = types.CreateBatchJobConfig(display_name=_display_name(marks))
         src: list[Any] | str
         if upload is None:
-            model, src = await to_thread.run_sync(_inline_requests, path)
+            model, src = await to_thread.run_sync(inline_requests, path)
             what = "create an inline batch"
         else:
-            model = await to_thread.run_sync(_first_model, path)
+            model = await to_thread.run_sync(first_model, path)
             src, what = upload, f"create a batch from {upload}"
         try:
             job = await self._aio().batches.create(model=model, src=src, config=config)
@@ -299,14 +296,14 @@ class GeminiBackend:
         model = str(meta.get("model") or "")
         inline = _object(output.get("inlinedResponses")).get("inlinedResponses")
         if isinstance(inline, list):
-            await to_thread.run_sync(_write_inline, inline, model, dest)
+            await to_thread.run_sync(write_inline, inline, model, dest)
             return
         file_name = output.get("responsesFile")
         if isinstance(file_name, str) and file_name:
             raw = dest.with_name(dest.name + ".raw")
             try:
                 await self._download(file_name, raw)
-                await to_thread.run_sync(_write_file, raw, model, dest)
+                await to_thread.run_sync(write_file, raw, model, dest)
             finally:
                 await anyio.Path(raw).unlink(missing_ok=True)
             return
@@ -333,85 +330,6 @@ class GeminiBackend:
             await self._aio().batches.cancel(name=remote_id)
         except Exception as exc:
             raise self._error(f"cancel {remote_id}", exc) from None
-
-
-# ---------------------------------------------------------------------------- file helpers
-
-
-def _first_model(path: Path) -> str:
-    """The part's model: every request of a job names the same one (a batch file with two
-    models fails validation, ``mismatched_model``), as a Gemini batch runs one model."""
-    with path.open("rb") as f:
-        return str(orjson.loads(f.readline())["request"]["model"])
-
-
-def _inline_requests(path: Path) -> tuple[str, list[Any]]:
-    """The part file's requests as the SDK's ``InlinedRequest`` objects (its ``config`` carries
-    what the SDK moves back into the request: ``generationConfig`` fields, ``systemInstruction``,
-    ``tools``, ``toolConfig``); and the first request's model."""
-    from google.genai import types
-
-    requests: list[Any] = []
-    model = ""
-    with path.open("rb") as f:
-        for raw in f:
-            line = orjson.loads(raw)
-            request = dict(line["request"])
-            own = request.pop("model")
-            model = model or own
-            config = dict(request.pop("generationConfig", {}))
-            for key in ("systemInstruction", "tools", "toolConfig"):
-                if key in request:
-                    config[key] = request.pop(key)
-            requests.append(
-                types.InlinedRequest(
-                    model=own,
-                    contents=request.pop("contents"),
-                    metadata={"key": line["key"]},
-                    config=types.GenerateContentConfig.model_validate(config) if config else None,
-                )
-            )
-    return model, requests
-
-
-def _normalised(key: str, response: Any, error: Any, model: str) -> bytes:
-    if isinstance(error, dict) and error:
-        status = str(error.get("status") or "")
-        message = str(error.get("message") or "the remote batch reported an error")
-        http = status_of(error)
-        retryable = status in _RETRYABLE_STATUS or http in (429, 500, 503, 504)
-        code = http_error(http, message).error
-        assert code is not None
-        return error_line(key, code.code, f"{status or http}: {message}", retryable=retryable)
-    if not isinstance(response, dict):
-        return error_line(key, ErrorCode.bad_upstream_response.value, "no response and no error")
-    try:
-        body = to_completion(response, model.removeprefix("models/"), key)
-    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-        why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
-        return error_line(key, ErrorCode.bad_upstream_response.value, why)
-    return ok_line(key, body)
-
-
-def _write_inline(entries: list[Any], model: str, dest: Path) -> None:
-    with private_file(dest) as out:
-        for entry in entries:
-            key = _object(_object(entry).get("metadata")).get("key")
-            if isinstance(key, str):  # else its request reads as missing
-                out.write(_normalised(key, entry.get("response"), entry.get("error"), model))
-
-
-def _write_file(raw: Path, model: str, dest: Path) -> None:
-    with raw.open("rb") as src, private_file(dest) as out:
-        for line in src:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # its request reads as missing: a bad_upstream_response item
-            if isinstance(obj, dict) and isinstance(obj.get("key"), str):
-                out.write(_normalised(obj["key"], obj.get("response"), obj.get("error"), model))
 
 
 def _object(value: Any) -> dict[str, Any]:
