@@ -223,20 +223,13 @@ def write_part(
     done = store.finished_seqs(job_id, lo, hi)
     lines = size = 0
     last = lo - 1
-    too_big: list[ResultRow] = []
+    sink = Committer(store, job_id)
     with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
-                data = encode(line, endpoint)
+                data = _encoded(line, endpoint, encode, limits.max_bytes)
                 if isinstance(data, Result):
-                    too_big.append(_row(job_id, line, data, Endpoint(endpoint)))
-                elif len(data) > limits.max_bytes:
-                    result = failed(
-                        ErrorCode.invalid_request,
-                        f"the request line is {len(data)} bytes, over the remote batch limit of "
-                        f"{limits.max_bytes} bytes (max_bytes)",
-                    )
-                    too_big.append(_row(job_id, line, result, Endpoint(endpoint)))
+                    sink.add(line, data)
                 else:
                     if size + len(data) > limits.max_bytes:
                         break
@@ -245,9 +238,19 @@ def write_part(
                     lines += 1
             last = line.seq
             cursor.advance()
-    if too_big:
-        store.commit_results(job_id, too_big)
+    sink.flush()
     return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines, bytes=size)
+
+
+def _encoded(line: RequestLine, endpoint: str, encode: Encoder, max_bytes: int) -> bytes | Result:
+    data = encode(line, endpoint)
+    if isinstance(data, bytes) and len(data) > max_bytes:
+        return failed(
+            ErrorCode.invalid_request,
+            f"the request line is {len(data)} bytes, over the remote batch limit of "
+            f"{max_bytes} bytes (max_bytes)",
+        )
+    return data
 
 
 def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Iterator[RequestLine]:
@@ -271,14 +274,16 @@ def rewrite_part(
     endpoint: str,
     path: Path,
     encode: Encoder,
+    max_bytes: int,
 ) -> int:
     """Write a part's file again (after a crash before its upload, or to resubmit what is
-    left of it); the number of lines. A line ``encode`` refuses is committed as its error."""
+    left of it); the number of lines. A line ``encode`` refuses, or over ``max_bytes``, is
+    committed as its error."""
     n = 0
     sink = Committer(store, job_id)
     with private_file(path) as out:
         for line in part_lines(store, job_id, input_path, part):
-            data = encode(line, endpoint)
+            data = _encoded(line, endpoint, encode, max_bytes)
             if isinstance(data, Result):
                 sink.add(line, data)
                 continue

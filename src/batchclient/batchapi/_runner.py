@@ -209,7 +209,7 @@ class RemoteRunner:
                 else:  # after a crash, or a resubmission: what is left of its range
                     lines = await to_thread.run_sync(
                         rewrite_part, job.store, job.id, job.input, part, job.endpoint, file,
-                        self.backend.encode,
+                        self.backend.encode, self.backend.limits.max_bytes,
                     )  # fmt: skip
                 if lines == 0:  # everything in its range finished (or was refused) meanwhile
                     await job.update(part, state="collected")
