@@ -10,9 +10,9 @@ every retry is ours, so a 429's ``Retry-After`` reaches the polling backoff inst
 absorbed by the SDK's own retries, and uploads and downloads stream through a fixed buffer
 (``docs/design.md``).
 
-Transient failures (connection errors, timeouts, 408/409/429/5xx, a malformed 2xx answer) are
-retried with exponential backoff, or after the server's ``Retry-After``; other answers raise
-:class:`ApiError` at once.
+Each call is one attempt: a failure raises :class:`ApiError`, ``transient`` for connection
+errors, timeouts, 408/409/429/5xx and a malformed 2xx answer (with the server's
+``Retry-After``), which the runner retries (:mod:`._retry`).
 """
 
 from __future__ import annotations
