@@ -9,7 +9,7 @@ counted) and the measured client (this process). Figures, for N conversations (d
   ``bytes_uploaded``: the create bodies' bytes, as the stub read them;
 - ``wall_s``: the whole ``batch_chat_completion`` (translate, pack, create, poll, read the
   results, decode) with the stub's simulated processing at 0 s, so it is the client's own time
-  plus at most one ``poll_interval`` per batch; ``peak_rss_mib`` (psutil, every 10 ms) and
+  plus at most one ``poll_interval_s`` per batch; ``peak_rss_mib`` (psutil, every 10 ms) and
   ``rss_before_mib`` (after imports, before the call);
 - ``kill``: a child client SIGKILLed once it polls its batch (the stub holds each batch 3 s),
   then the same call made again from a fresh process: ``creates`` (target 1), every answer
@@ -83,8 +83,8 @@ url, state, n, poll = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv
 def prompt(i):
     return f"Question {i}: " + " ".join(f"word{j}" for j in range(40))
 async def main():
-    opts = dict(base_url=url, poll_interval=poll, state_dir=state)
-    async with AnthropicBatchInference("KEY", **opts) as c:
+    opts = dict(api_key="KEY", poll_interval_s=poll, state_dir=state)
+    async with AnthropicBatchInference(url, **opts) as c:
         msgs = [[{"role": "user", "content": prompt(i)}] for i in range(n)]
         sampling = SamplingParams(max_tokens=16)
         r = await c.batch_chat_completion("claude-x", msgs, sampling_params=sampling)
@@ -112,7 +112,7 @@ def measured(url: str, n: int, poll: float) -> dict[str, Any]:
     async def run() -> tuple[int, float]:
         with tempfile.TemporaryDirectory() as state:
             async with AnthropicBatchInference(
-                KEY, base_url=url, poll_interval=poll, state_dir=state
+                url, api_key=KEY, poll_interval_s=poll, state_dir=state
             ) as c:
                 msgs = [[{"role": "user", "content": prompt(i)}] for i in range(n)]
                 started = time.perf_counter()

@@ -3,7 +3,7 @@
 For each flavour (``openai``, ``together``, ``groq``, ``mistral``) the Batch API stub speaks that
 provider's shape (``BatchAPIStub(flavor=...)``, in this process) and a fresh child process makes
 one ``batch_chat_completion`` of N conversations (default 10,000; 40-word prompts,
-``max_tokens`` 16) with ``poll_interval`` 0.1 s:
+``max_tokens`` 16) with ``poll_interval_s`` 0.1 s:
 
 - ``creates`` / ``uploads`` / ``bytes_uploaded``: what the stub received;
 - ``total_s``: the child's whole call (write, upload, create, the stub answering every line,
@@ -52,8 +52,9 @@ def child(flavor: str, url: str, state: str, n: int = 10_000) -> None:
             for i in range(n)
         ]
         started = time.perf_counter()
+        options: dict[str, Any] = {"flavor": flavor}  # a flavour name from the command line
         async with BatchAPIBatchInference(
-            url, flavor=flavor, poll_interval=0.1, state_dir=state
+            url, poll_interval_s=0.1, state_dir=state, **options
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", conversations, sampling_params=SamplingParams(max_tokens=16)

@@ -67,7 +67,7 @@ def child(mode: str, url: str, state: str, n: int, max_lines: int, poll: float) 
     client: BatchClient
     if mode == "batch-api":
         client = BatchAPIBatchInference(
-            url, poll_interval=poll, max_lines=max_lines, state_dir=state
+            url, poll_interval_s=poll, max_lines=max_lines, state_dir=state
         )
     else:
         client = RemoteBatchInference(url, max_concurrency=256, state_dir=state)

@@ -66,7 +66,7 @@ def child(url: str, state: str, n: int, inline_bytes: int) -> None:
             for i in range(n)
         ]
         async with GeminiBatchInference(
-            KEY, base_url=url, poll_interval=0.25, state_dir=state, **options
+            url, api_key=KEY, poll_interval_s=0.25, state_dir=state, **options
         ) as c:
             started = time.perf_counter()
             result = await c.batch_chat_completion(

@@ -28,7 +28,7 @@ FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 
 def client(stub: BatchAPIStub, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
     return BatchAPIBatchInference(
-        stub.url, poll_interval=0.02, retry=FAST, state_dir=state, **kwargs
+        stub.url, poll_interval_s=0.02, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -101,21 +101,33 @@ async def test_split_by_max_bytes_and_a_line_over_the_limit(tmp_path: Path) -> N
     assert max(b.bytes_in for b in stub.batches.values()) <= 1024
 
 
-async def test_expired_batch_keeps_finished_lines_and_expires_the_rest(tmp_path: Path) -> None:
+async def test_what_an_expired_batch_did_not_run_goes_into_a_new_batch(tmp_path: Path) -> None:
     with BatchAPIStub(expire_after=3) as stub:
         async with client(stub, tmp_path) as c:
             result = await c.batch_chat_completion("smollm2", convo([f"e{i}" for i in range(6)]))
             job = (await c.batches.list())[0]
+    assert texts(result) == [f"echo: e{i}" for i in range(6)]
+    assert job.status == "completed" and stub.stats.creates == 2
+    assert [len(b.lines) for b in stub.batches.values()] == [6, 3]  # only what did not run
+
+
+async def test_expired_after_max_attempts_keeps_finished_lines_and_expires_the_rest(
+    tmp_path: Path,
+) -> None:
+    with BatchAPIStub(expire_after=3) as stub:
+        async with client(stub, tmp_path, max_attempts=1) as c:
+            result = await c.batch_chat_completion("smollm2", convo([f"e{i}" for i in range(6)]))
+            job = (await c.batches.list())[0]
     assert texts(result)[:3] == ["echo: e0", "echo: e1", "echo: e2"]
     assert [i.error.code for i in result.batch[3:] if i.error] == ["batch_expired"] * 3
-    assert job.status == "expired"
+    assert job.status == "expired" and stub.stats.creates == 1
     assert (job.request_counts.completed, job.request_counts.failed) == (3, 3)
 
 
 async def test_expired_lines_rerun_live_with_on_expired(tmp_path: Path) -> None:
     with BatchAPIStub(expire_after=2) as stub, StubServer(record_bodies=True) as live:
         fallback = RemoteProvider(live.url, retry=FAST)
-        async with client(stub, tmp_path, on_expired=fallback) as c:
+        async with client(stub, tmp_path, on_expired=fallback, max_attempts=1) as c:
             result = await c.batch_chat_completion("smollm2", convo([f"r{i}" for i in range(5)]))
             job = (await c.batches.list())[0]
     assert texts(result) == [f"echo: r{i}" for i in range(5)]
@@ -168,6 +180,18 @@ async def test_polling_survives_5xx_429_and_malformed_answers(tmp_path: Path) ->
     assert took >= 1.0
 
 
+async def test_polling_outlasts_more_than_a_thousand_failed_polls(tmp_path: Path) -> None:
+    # the backoff doubles per failure: past the 1,024th it must stay capped, not overflow
+    tiny = RetryPolicy(backoff_initial_s=0.0001, backoff_max_s=0.0002)
+    with BatchAPIStub(poll_faults=[StubReply(status=503)] * 1100) as stub:
+        async with BatchAPIBatchInference(
+            stub.url, poll_interval_s=0.02, retry=tiny, state_dir=tmp_path
+        ) as c:
+            result = await c.batch_chat_completion("smollm2", convo(["a", "b"]))
+    assert texts(result) == ["echo: a", "echo: b"]
+    assert stub.stats.polls > 1100 and stub.stats.creates == 1
+
+
 async def test_a_lost_create_answer_never_submits_twice(tmp_path: Path) -> None:
     with BatchAPIStub(lose_creates=1) as stub:
         async with client(stub, tmp_path) as c:
@@ -184,6 +208,18 @@ async def test_missing_output_line_is_bad_upstream_response(tmp_path: Path) -> N
     assert texts(result) == ["echo: a", None, "echo: c"]
     error = result.batch[1].error
     assert error is not None and error.code == "bad_upstream_response"
+
+
+async def test_malformed_output_lines_fail_only_their_own_items(tmp_path: Path) -> None:
+    kinds = {"ARRAY": "object", "NOID": "custom_id", "BODY": "body", "TORN": "json"}
+    kinds["HUGE"] = "usage"
+    prompts = ["a", "b ARRAY", "c", "d NOID", "e BODY", "f TORN", "g HUGE", "h"]
+    with BatchAPIStub(malformed=kinds) as stub:
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_chat_completion("smollm2", convo(prompts))
+    assert texts(result) == ["echo: a", None, "echo: c", None, None, None, None, "echo: h"]
+    assert [i.error.code for i in result.batch if i.error] == ["bad_upstream_response"] * 5
+    assert stub.stats.creates == 1  # a malformed answer is final: nothing is sent twice
 
 
 async def test_schedule_batch_job_calls_and_openai_output(tmp_path: Path) -> None:
@@ -269,9 +305,24 @@ async def test_bad_arguments_are_configuration_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError):
             BatchAPIBatchInference("http://127.0.0.1:1/v1", state_dir=tmp_path, **kwargs)
     with pytest.raises(ConfigurationError):
-        BatchAPIBatchInference("http://127.0.0.1:1/v1", "key\r\nX-Evil: 1", state_dir=tmp_path)
+        BatchAPIBatchInference(
+            "http://127.0.0.1:1/v1", api_key="key\r\nX-Evil: 1", state_dir=tmp_path
+        )
     with pytest.raises(ConfigurationError):
         BatchAPIBatchInference("ftp://host/v1", state_dir=tmp_path)
+
+
+async def test_scoring_text_without_a_tokenizer_says_what_works(tmp_path: Path) -> None:
+    from batchclient import AnthropicBatchInference, ConfigurationError
+
+    with BatchAPIStub() as stub:
+        async with client(stub, tmp_path) as c:
+            with pytest.raises(ConfigurationError, match="tokenizer=<local folder"):
+                await c.batch_loglikelihood("smollm2", [("The capital is", " Paris")])
+    assert stub.stats.uploads == 0  # refused before anything was sent
+    chat_only = AnthropicBatchInference(api_key="k", state_dir=tmp_path / "a")
+    with pytest.raises(ConfigurationError, match=r"cannot score: .* batch-api"):
+        await chat_only.provider.tokenizer("claude-x")
 
 
 async def test_output_lines_in_the_store_are_openai_batch_lines(tmp_path: Path) -> None:
@@ -321,10 +372,10 @@ async def test_past_the_local_window_remote_batches_are_cancelled_and_kept(
 
 
 async def test_the_provider_alone_runs_each_request_as_a_one_line_batch(tmp_path: Path) -> None:
-    from batchclient import BatchAPIProvider, BatchClient
+    from batchclient import BatchClient, RemoteBatchProvider
 
     with BatchAPIStub(error_match="BAD") as stub:
-        provider = BatchAPIProvider(stub.url, poll_interval=0.02, retry=FAST)
+        provider = RemoteBatchProvider.batch_api(stub.url, poll_interval_s=0.02, retry=FAST)
         async with BatchClient(provider, state_dir=tmp_path) as c:
             result = await c.batch_chat_completion("smollm2", convo(["a", "b BAD"]))
     assert texts(result) == ["echo: a", None]

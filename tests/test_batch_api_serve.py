@@ -20,7 +20,8 @@ from typing import Any
 import openai
 import pytest
 
-from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy
+from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy, make_provider
+from batchclient.batchapi._openai import OpenAIBackend
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from jobs_util import jsonl, line, until, wait_sync
 
@@ -60,7 +61,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
 
 def client(serve: Serve, state: Path, **kwargs: Any) -> BatchAPIBatchInference:
     return BatchAPIBatchInference(
-        serve.url, KEY, poll_interval=0.05, retry=FAST, state_dir=state, **kwargs
+        serve.url, api_key=KEY, poll_interval_s=0.05, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -84,7 +85,8 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
         batches = await remote_batches(serve)
         for b in batches:  # what a client that lost a create's answer looks for, it finds
             marks = {k: b["metadata"][k] for k in ("batchclient_job", "batchclient_part")}
-            found = await c.provider.api.find(b["input_file_id"], marks)
+            assert isinstance(c.provider.backend, OpenAIBackend)
+            found = await c.provider.backend.api.find(b["input_file_id"], marks)
             assert found is not None and found.id == b["id"]
     assert [i.completion_message.content for i in result.batch if i.completion_message] == [
         f"echo: m{i}" for i in range(10)
@@ -94,6 +96,67 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
     assert all(b["status"] == "completed" for b in batches)
 
 
+async def test_lines_rate_limited_twice_are_answered_by_the_third_remote_batch(
+    tmp_path: Path,
+) -> None:
+    """The server runs its upstream without retries (``batchclient serve --max-retries 0``),
+    and the upstream answers some lines 429 twice: the client resubmits just those lines, in
+    a new remote batch each time, and the third answers them."""
+    busy = StubReply(status=429, body={"error": {"message": "slow down", "type": "rate_limit"}})
+    with StubServer(record_bodies=True, faults=[Fault(busy, match="BUSY", last_attempt=2)]) as stub:
+        provider = make_provider("remote", base_url=stub.url, max_retries=0)
+        app = server_module.create_app(provider, state_dir=tmp_path / "server", api_keys=[KEY])
+        with AppServer(app) as url:
+            serve = Serve(url + "/v1", stub, tmp_path / "server")
+            prompts = [f"q{i}" + (" BUSY" if i % 3 == 0 else "") for i in range(9)]
+            async with client(serve, tmp_path / "client", max_attempts=3) as c:
+                result = await c.batch_chat_completion("smollm2", convo(prompts))
+            batches = await remote_batches(serve)
+    assert [i.error for i in result.batch] == [None] * 9
+    texts = [i.completion_message.content for i in result.batch if i.completion_message]
+    assert texts == [f"echo: {p}" for p in prompts]
+    assert sorted(b["request_counts"]["total"] for b in batches) == [3, 3, 9]
+    sent = serve.sent()  # the answered lines went once; the rate-limited ones three times
+    assert {p: sent[p] for p in prompts} == {p: 3 if "BUSY" in p else 1 for p in prompts}
+
+
+def test_lm_eval_scores_text_through_the_batch_api_with_a_local_tokenizer(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """``batchclient lm-eval --provider batch-api --tokenizer DIR``: loglikelihood requests go as
+    ``/v1/completions`` batch lines of token ids asking for the prompt's log-probabilities
+    (``echo`` + ``logprobs``, as the remote provider sends them), through the server to its
+    upstream, and come back as lm-eval's scores."""
+    from lm_eval.api.instance import Instance
+
+    from batchclient.integrations.lm_eval import BatchClientLM
+    from batchclient.models import bundled_model_path
+    from batchclient.testing._stub_answers import token_logprob
+    from providers import tokenizer
+
+    pairs = [("The capital of France is", " Paris"), ("Two plus two is", " four")]
+    model = BatchClientLM(
+        provider="batch-api", base_url=serve.url, api_key=KEY, model="smollm2",
+        tokenizer=str(bundled_model_path()), state_dir=str(tmp_path / "lm"),
+        poll_interval_s=0.05,
+    )  # fmt: skip
+    with model:
+        scores = model.loglikelihood(
+            [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+        )
+        rolling = model.loglikelihood_rolling(
+            [Instance("loglikelihood_rolling", {}, ("Paris",), 0)]
+        )
+    tok = tokenizer()
+    for (context, continuation), (score, _) in zip(pairs, scores, strict=True):
+        ctx, whole = tok([context]).input_ids[0], tok([context + continuation]).input_ids[0]
+        assert score == pytest.approx(sum(token_logprob(t) for t in whole[len(ctx) :]))
+    bodies = serve.stub.stats.bodies
+    assert [b["prompt"] for b in bodies[:2]] == [tok([c + x]).input_ids[0] for c, x in pairs]
+    assert all(b["echo"] is True and b["logprobs"] == 1 for b in bodies)
+    assert bodies[2]["prompt"][0] == tok.bos_token_id and isinstance(rolling[0], float)
+
+
 CHILD = textwrap.dedent(
     """
     import sys, anyio
@@ -101,7 +164,8 @@ CHILD = textwrap.dedent(
 
     async def main() -> None:
         url, key, state = sys.argv[1], sys.argv[2], sys.argv[3]
-        async with BatchAPIBatchInference(url, key, poll_interval=0.05, state_dir=state) as c:
+        options = {"api_key": key, "poll_interval_s": 0.05, "state_dir": state}
+        async with BatchAPIBatchInference(url, **options) as c:
             msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(40)]
             await c.batch_chat_completion("smollm2", msgs)
         print("finished", flush=True)

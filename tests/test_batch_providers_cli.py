@@ -57,7 +57,7 @@ def test_lm_eval_client_reaches_the_base_url_with_the_provider_key(
         "ANTHROPIC_API_KEY" if provider == "anthropic-batch" else "GEMINI_API_KEY", KEY
     )
     options: dict[str, Any] = {"api_key": None, "state_dir": tmp_path}
-    options["options"] = {"timeout": 30.0, "max_retries": 0, "poll_interval": 0.02}
+    options["options"] = {"timeout_s": 30.0, "max_retries": 0, "poll_interval_s": 0.02}
     with pytest.raises(ConfigurationError, match=f"tokenizer is not an option of {provider}"):
         client_factory(provider, "m", base_url=None, tokenizer="dir", **options)
     with pytest.raises(ConfigurationError, match="needs model"):
@@ -93,7 +93,7 @@ def test_an_empty_model_name_is_refused_before_anything_is_sent(
     with STUBS[provider](api_key=KEY) as stub:
         make = client_factory(
             provider, "m", base_url=stub.url, api_key=KEY, tokenizer=None, state_dir=tmp_path,
-            options={"timeout": 30.0, "max_retries": 0},
+            options={"timeout_s": 30.0, "max_retries": 0},
         )  # fmt: skip
 
         async def go() -> None:

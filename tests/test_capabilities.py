@@ -326,8 +326,7 @@ async def batch_api_client(
     with AppServer(app) as url:
         async with BatchAPIBatchInference(
             f"{url}/v1",
-            None,
-            poll_interval=0.05,
+            poll_interval_s=0.05,
             retry=FAST["retry"],
             state_dir=tmp_path_factory.mktemp("batch-api"),
         ) as client:
@@ -346,9 +345,9 @@ async def anthropic_client(
     with AnthropicBatchStub(process_s=0.0, error_match="overlong overlong", api_key=KEY) as stub:
         BATCH_STUBS["anthropic-batch"] = stub
         async with AnthropicBatchInference(
-            KEY,
-            base_url=stub.url,
-            poll_interval=0.02,
+            stub.url,
+            api_key=KEY,
+            poll_interval_s=0.02,
             retry=FAST["retry"],
             state_dir=tmp_path_factory.mktemp("anthropic-batch"),
         ) as client:
@@ -363,9 +362,9 @@ async def gemini_client(
     with GeminiBatchStub(refuse_match="overlong overlong", api_key=KEY) as stub:
         BATCH_STUBS["gemini-batch"] = stub
         async with GeminiBatchInference(
-            KEY,
-            base_url=stub.url,
-            poll_interval=0.02,
+            stub.url,
+            api_key=KEY,
+            poll_interval_s=0.02,
             retry=FAST["retry"],
             state_dir=tmp_path_factory.mktemp("gemini-batch"),
         ) as client:

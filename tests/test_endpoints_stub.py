@@ -323,7 +323,7 @@ async def test_every_call_kind_checks_its_arguments_before_sending(tmp_path: Pat
         assert stub.stats.requests == 0
     with BatchAPIStub() as api:
         async with BatchAPIBatchInference(
-            api.url, poll_interval=0.02, state_dir=tmp_path / "api"
+            api.url, poll_interval_s=0.02, state_dir=tmp_path / "api"
         ) as api_client:
             for name, call in calls(api_client)[:9]:  # the Batch API does no scoring
                 with pytest.raises(ConfigurationError, match=name):

@@ -2,16 +2,10 @@
 stub on loopback (``batchclient.testing.GeminiBatchStub``): inline and uploaded-file batches,
 results out of order, refused and unsupported items, resubmission of what expired or failed
 retryably (and only that), 429 / 5xx on create and polling, lost create answers, a stuck batch
-cancelled, and a client SIGKILLed while waiting that re-attaches without a second create."""
+cancelled. Crash and resume: ``tests/test_batch_api_resume.py``."""
 
 from __future__ import annotations
 
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +20,13 @@ from batchclient import (
     TopKSamplingStrategy,
     make_client,
 )
-from batchclient.batchapi._gemini import _inline_requests
+from batchclient.batchapi._gemini import GeminiBackend
+from batchclient.batchapi._gemini_files import inline_requests
 from batchclient.batchapi._gemini_translate import to_request
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
 from batchclient.testing import GeminiBatchStub, StubReply
-from jobs_util import jsonl, line, read_jsonl, until, wait_sync
+from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 KEY = "test-key"
@@ -39,7 +34,7 @@ KEY = "test-key"
 
 def client(stub: GeminiBatchStub, state: Path, **kwargs: Any) -> GeminiBatchInference:
     return GeminiBatchInference(
-        KEY, base_url=stub.url, poll_interval=0.02, retry=FAST, state_dir=state, **kwargs
+        stub.url, api_key=KEY, poll_interval_s=0.02, retry=FAST, state_dir=state, **kwargs
     )
 
 
@@ -128,6 +123,20 @@ async def test_retries_run_out_after_max_attempts(tmp_path: Path) -> None:
             result = await c.batch_chat_completion("gemini-x", convo(["a", "b"]))
     assert all(i.error is not None and i.error.code == "batch_expired" for i in result.batch)
     assert stub.stats.creates == 2
+
+
+@pytest.mark.parametrize("inline_bytes", [0, 1024**2], ids=["file", "inline"])
+async def test_a_malformed_answer_fails_only_its_own_item(
+    tmp_path: Path, inline_bytes: int
+) -> None:
+    prompts = ["r0", "r1 ODD", "r2", "r3 INT", "r4 HUGE", "r5"]
+    kinds = {"ODD": "response", "INT": "candidates", "HUGE": "usage"}
+    with GeminiBatchStub(api_key=KEY, shuffle=True, malformed=kinds) as stub:
+        async with client(stub, tmp_path, inline_bytes=inline_bytes) as c:
+            result = await c.batch_chat_completion("gemini-x", convo(prompts))
+    assert texts(result) == ["echo: r0", None, "echo: r2", None, None, "echo: r5"]
+    assert [i.error.code for i in result.batch if i.error] == ["bad_upstream_response"] * 3
+    assert stub.stats.creates == 1 and stub.stats.uploads == (1 if inline_bytes == 0 else 0)
 
 
 async def test_429_and_5xx_on_create_and_polling(tmp_path: Path) -> None:
@@ -231,7 +240,7 @@ async def test_sdk_inline_path_sends_the_translation_unchanged(tmp_path: Path) -
     from google.genai import types
 
     with GeminiBatchStub(api_key=KEY) as stub:
-        model, src = _inline_requests(path)
+        model, src = inline_requests(path)
         sdk = genai.Client(api_key=KEY, http_options=types.HttpOptions(base_url=stub.url))
         await sdk.aio.batches.create(model=model, src=src)
         await sdk.aio.aclose()
@@ -250,13 +259,19 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
     with pytest.raises(ConfigurationError, match="GEMINI_API_KEY"):
         GeminiBatchInference(state_dir=tmp_path)
     monkeypatch.setenv("GOOGLE_API_KEY", "g")
-    assert GeminiBatchInference(state_dir=tmp_path).provider.backend._api_key == "g"
+    assert _key(GeminiBatchInference(state_dir=tmp_path)) == "g"
     monkeypatch.setenv("GEMINI_API_KEY", "m")
-    assert GeminiBatchInference(state_dir=tmp_path).provider.backend._api_key == "m"
+    assert _key(GeminiBatchInference(state_dir=tmp_path)) == "m"
     with pytest.raises(ConfigurationError):
-        GeminiBatchInference("k", max_attempts=0, state_dir=tmp_path)
+        GeminiBatchInference(api_key="k", max_attempts=0, state_dir=tmp_path)
     with pytest.raises(ConfigurationError, match="20 MB"):
-        GeminiBatchInference("k", inline_bytes=20 * 1024**2, state_dir=tmp_path)
+        GeminiBatchInference(api_key="k", inline_bytes=20 * 1024**2, state_dir=tmp_path)
+
+
+def _key(client: GeminiBatchInference) -> str:
+    backend = client.provider.backend
+    assert isinstance(backend, GeminiBackend)
+    return backend.api_key
 
 
 def test_cli_run_with_the_gemini_batch_provider(
@@ -293,72 +308,6 @@ def _jsonl(tmp_path: Path, prompts: list[str]) -> Path:
     ]  # fmt: skip
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
-
-
-# ---------------------------------------------------------------------------- kill and re-attach
-
-N = 20
-CHILD = textwrap.dedent(
-    """
-    import sys, anyio
-    from batchclient import GeminiBatchInference
-
-    url, state = sys.argv[1], sys.argv[2]
-
-    async def main() -> None:
-        async with GeminiBatchInference(
-            "test-key", base_url=url, poll_interval=0.05, state_dir=state
-        ) as c:
-            msgs = [[{"role": "user", "content": f"k{i}"}] for i in range(N)]
-            await c.batch_chat_completion("gemini-x", msgs)
-        print("finished", flush=True)
-
-    anyio.run(main)
-    """
-).replace("range(N)", f"range({N})")
-
-
-def _submitted(state: Path) -> bool:
-    db = state / "batchclient.sqlite3"
-    if not db.exists():
-        return False
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        try:
-            row = conn.execute(
-                "SELECT count(*) FROM remote_parts WHERE batch_id IS NOT NULL"
-            ).fetchone()
-        except sqlite3.OperationalError:
-            return False
-    return bool(row[0])
-
-
-def _kill_once_waiting(stub: GeminiBatchStub, state: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, stub.url, str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_sync(lambda: _submitted(state) or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        wait_sync(lambda: stub.stats.polls >= 1, timeout=30)  # it is waiting
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert b"finished" not in (proc.stdout.read() if proc.stdout else b"")
-
-
-@pytest.mark.slow  # a child process that imports the SDK: a few seconds
-async def test_killed_client_reattaches_without_a_second_create(tmp_path: Path) -> None:
-    with GeminiBatchStub(api_key=KEY, item_delay_s=0.05) as stub:
-        _kill_once_waiting(stub, tmp_path)
-        assert stub.stats.creates == 1
-        async with client(stub, tmp_path) as c:
-            result = await c.batch_chat_completion("gemini-x", convo([f"k{i}" for i in range(N)]))
-    assert texts(result) == [f"echo: k{i}" for i in range(N)]
-    assert stub.stats.creates == 1 and stub.stats.requests == N
 
 
 @pytest.mark.heavy

@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_core", 6),
     ("cache", 7),
     ("jobs", 7),
+    ("_core.execution", 8),  # how a client runs calls and batches: live, or remote batches
     ("_core.client", 8),
     ("remote", 9),
     ("inline", 9),

@@ -13,15 +13,13 @@ import pytest
 import batchclient
 from batchclient import (
     AnthropicBatchInference,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
-    BatchAPIProvider,
     ConfigurationError,
     GeminiBatchInference,
-    GeminiBatchProvider,
     RayBatchInference,
     RayProvider,
     RemoteBatchInference,
+    RemoteBatchProvider,
     RemoteOptions,
     RemoteProvider,
     VLLMBatchInference,
@@ -42,12 +40,12 @@ BUILT: dict[str, tuple[dict[str, Any], type, type]] = {
     "remote": ({"base_url": URL, "max_concurrency": 3}, RemoteProvider, RemoteBatchInference),
     "vllm": ({"max_concurrency": 3, "dtype": "float32"}, VLLMProvider, VLLMBatchInference),
     "ray": ({"max_concurrency": 3, "replicas": 2}, RayProvider, RayBatchInference),
-    "batch-api": ({"base_url": URL, "poll_interval": 3.0}, BatchAPIProvider,
+    "batch-api": ({"base_url": URL, "poll_interval_s": 3.0}, RemoteBatchProvider,
                   BatchAPIBatchInference),
-    "anthropic-batch": ({"api_key": "k", "base_url": URL, "poll_interval": 3.0},
-                        AnthropicBatchProvider, AnthropicBatchInference),
-    "gemini-batch": ({"api_key": "k", "base_url": URL, "poll_interval": 3.0},
-                     GeminiBatchProvider, GeminiBatchInference),
+    "anthropic-batch": ({"api_key": "k", "base_url": URL, "poll_interval_s": 3.0},
+                        RemoteBatchProvider, AnthropicBatchInference),
+    "gemini-batch": ({"api_key": "k", "base_url": URL, "poll_interval_s": 3.0},
+                     RemoteBatchProvider, GeminiBatchInference),
 }  # fmt: skip
 
 
@@ -89,8 +87,8 @@ def test_unknown_names_and_options_are_refused_naming_what_there_is() -> None:
         make_provider("remote")
     with pytest.raises(ConfigurationError, match=r"no option max_lnes.*max_lines"):
         make_client("batch-api", base_url=URL, max_lnes=10)
-    with pytest.raises(ConfigurationError, match="no option max_lines"):
-        make_provider("batch-api", base_url=URL, max_lines=10)  # the client's, not the provider's
+    with pytest.raises(ConfigurationError, match="no option max_concurrency"):
+        make_provider("batch-api", base_url=URL, max_concurrency=10)
     with pytest.raises(ConfigurationError, match="no option replicas"):
         make_provider("remote", base_url=URL, replicas=2)
     with pytest.raises(ConfigurationError, match="result cache"):
@@ -116,7 +114,7 @@ def test_the_cli_builds_its_clients_through_the_registry(tmp_path: Path) -> None
     batch = client_from_args(
         _cli("--provider", "batch-api", "--base-url", URL, "--poll-interval", "2")
     )
-    assert type(batch) is BatchAPIBatchInference and batch.provider.poll_interval == 2.0
+    assert type(batch) is BatchAPIBatchInference and batch.provider.settings.poll_interval_s == 2
     inline = client_from_args(_cli("--provider", "vllm", "--engine-arg", "dtype=float32"))
     assert type(inline) is VLLMBatchInference
     assert inline.provider.engine_args == {"dtype": "float32"}

@@ -28,6 +28,10 @@ Every client also runs OpenAI batch JSONL files as durable, resumable batches (`
 from ._core.client import (
     BatchClient,
 )
+from ._core.execution import (
+    Call,
+    Execution,
+)
 from ._core.provider import (
     DelegatingProvider,
     Provider,
@@ -54,13 +58,11 @@ from ._version import __version__
 from .batchapi import (
     AnthropicBatchInference,
     AnthropicBatchOptions,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
     BatchAPIOptions,
-    BatchAPIProvider,
     GeminiBatchInference,
     GeminiBatchOptions,
-    GeminiBatchProvider,
+    RemoteBatchProvider,
 )
 from .distributed import (
     RayBatchInference,
@@ -162,11 +164,9 @@ __all__ = [
     "AdaptiveConcurrency",
     "AnthropicBatchInference",
     "AnthropicBatchOptions",
-    "AnthropicBatchProvider",
     "Batch",
     "BatchAPIBatchInference",
     "BatchAPIOptions",
-    "BatchAPIProvider",
     "BatchChatCompletionResponse",
     "BatchClient",
     "BatchClientError",
@@ -187,6 +187,7 @@ __all__ = [
     "BatchStatus",
     "BatchUsage",
     "Batches",
+    "Call",
     "ChatCompletionResponse",
     "ClientClosedError",
     "CompletionMessage",
@@ -199,13 +200,13 @@ __all__ = [
     "Endpoint",
     "EndpointError",
     "ErrorCode",
+    "Execution",
     "FileDeleted",
     "FileNotFoundInStoreError",
     "FileObject",
     "Files",
     "GeminiBatchInference",
     "GeminiBatchOptions",
-    "GeminiBatchProvider",
     "GrammarResponseFormat",
     "GreedySamplingStrategy",
     "HFTokenizer",
@@ -229,6 +230,7 @@ __all__ = [
     "RayOptions",
     "RayProvider",
     "RemoteBatchInference",
+    "RemoteBatchProvider",
     "RemoteOptions",
     "RemoteProvider",
     "RemoteReplica",

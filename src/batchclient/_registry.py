@@ -25,13 +25,11 @@ from ._options import describe, is_declared
 from .batchapi import (
     AnthropicBatchInference,
     AnthropicBatchOptions,
-    AnthropicBatchProvider,
     BatchAPIBatchInference,
     BatchAPIOptions,
-    BatchAPIProvider,
     GeminiBatchInference,
     GeminiBatchOptions,
-    GeminiBatchProvider,
+    RemoteBatchProvider,
 )
 from .distributed import RayBatchInference, RayOptions, RayProvider
 from .errors import ConfigurationError
@@ -131,7 +129,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "batch-api",
             "a remote OpenAI Batch API (/v1/files + /v1/batches; base_url)",
-            BatchAPIProvider,
+            RemoteBatchProvider.batch_api,
             BatchAPIBatchInference,
             BatchAPIOptions,
             cache=False,
@@ -139,7 +137,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "anthropic-batch",
             "Anthropic Message Batches (api_key or $ANTHROPIC_API_KEY; base_url optional)",
-            AnthropicBatchProvider,
+            RemoteBatchProvider.anthropic,
             AnthropicBatchInference,
             AnthropicBatchOptions,
             cache=False,
@@ -147,7 +145,7 @@ PROVIDERS: dict[str, ProviderEntry] = {
         ProviderEntry(
             "gemini-batch",
             "Gemini Batch API (api_key or $GEMINI_API_KEY / $GOOGLE_API_KEY; base_url optional)",
-            GeminiBatchProvider,
+            RemoteBatchProvider.gemini,
             GeminiBatchInference,
             GeminiBatchOptions,
             cache=False,

@@ -20,7 +20,7 @@ from anyio import CapacityLimiter
 
 from ..cache import number_repeats
 from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
-from ..jobs import Batches, Files, JobManager, JobRunner, default_state_dir, estimate_file
+from ..jobs import Files, JobManager, default_state_dir, estimate_file
 from ..types import (
     BatchChatCompletionResponse,
     BatchCompletionResponse,
@@ -53,6 +53,7 @@ from .completions import completion_requests, to_completion_response
 from .decode import build_response, stage_response
 from .embeddings import embedding_requests, to_embedding_response
 from .encode import chat_requests
+from .execution import Call, Execution
 from .prefix import group_by_prefix
 from .provider import Provider
 from .request import Request, Result
@@ -87,6 +88,9 @@ class BatchClient:
             it). Only successful answers are kept; the key is the endpoint, the canonical
             request body, the provider's ``cache_identity`` and a repeat index (guide:
             ``docs/jobs.md``, "Result cache").
+        execution: how calls and batches run (:class:`~batchclient.Execution`): live through
+            ``provider.execute`` (None, the default), or as remote batches of a provider's
+            Batch API (``batchclient.batchapi.RemoteBatchExecution``).
     """
 
     def __init__(
@@ -95,10 +99,13 @@ class BatchClient:
         *,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
+        execution: Execution | None = None,
     ) -> None:
         self.provider = provider
         self.cache = cache
         """The client's result-cache switch (see ``cache`` above)."""
+        self.execution = execution if execution is not None else Execution()
+        """How the client's calls and batches run (see ``execution`` above)."""
         self._state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
@@ -106,7 +113,7 @@ class BatchClient:
         self.files = Files(lambda: self._manager().store())
         """Upload, list, read and delete files (``create``, ``retrieve``, ``content``, ``path``,
         ``list``, ``delete``)."""
-        self.batches = Batches(self._manager)
+        self.batches = self.execution.batches(self._manager)
         """OpenAI-style batches over uploaded files (``create``, ``retrieve``, ``list``,
         ``cancel``, ``wait``, ``export``)."""
 
@@ -130,7 +137,7 @@ class BatchClient:
                 self._state_dir,
                 provider=self.provider,
                 cache=self.cache,
-                runner=self._job_runner(),
+                runner=self.execution.job_runner(),
             )
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:
@@ -151,11 +158,6 @@ class BatchClient:
                 await manager.__aexit__(None, None, None)  # pauses running batches
         finally:
             await self.provider.stop()
-
-    def _job_runner(self) -> JobRunner | None:
-        """How this client's jobs run; None: through ``provider.execute`` (a client whose
-        requests go elsewhere, such as a remote Batch API, returns its own)."""
-        return None
 
     def _manager(self) -> JobManager:
         if self._jobs is None:
@@ -361,14 +363,22 @@ class BatchClient:
         *,
         build: Callable[[Any], R] | None = None,
     ) -> list[R]:
-        """Run ``n`` requests (indexes ``0..n-1``) through the provider (behind the result
-        cache with ``cache``); ``decode`` each result into its slot (and hand it to ``on_item``
-        as it finishes). Every slot is filled: the primitive reports every request once.
+        """Run ``n`` requests (indexes ``0..n-1``) as the client's execution says (live by
+        default: :meth:`_run_live`); ``decode`` each result into its slot."""
+        call = Call(requests, n, decode, progress, on_item, cache, build)
+        return await self.execution.run(call, self._manager, self._run_live)
+
+    async def _run_live(self, call: Call[R]) -> list[R]:
+        """Run a call's requests through the provider (behind the result cache with
+        ``cache``); ``decode`` each result into its slot (and hand it to ``on_item`` as it
+        finishes). Every slot is filled: the primitive reports every request once.
 
         With ``build``, ``decode`` may return a plain ``tuple`` (a checked answer, staged:
         ``decode.stage_response``) that ``build`` turns into the item; staged items are built
         at the end, in one go with the cycle collector paused (they are built as they finish
         when ``on_item`` wants them). A staged item is a success."""
+        requests, n, decode, progress = call.requests, call.n, call.decode, call.progress
+        on_item, cache, build = call.on_item, call.cache, call.build
         provider: Provider = self.provider
         if cache:
             provider = await self._manager().cached_provider()

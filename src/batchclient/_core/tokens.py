@@ -10,15 +10,18 @@ tokenizer folder, or a server's ``/tokenize`` route.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 
+from ..errors import ConfigurationError
 from ..types import BatchItemError
 
-__all__ = ["HFTokenizer", "Tokenizer", "TokenizerInfo"]
+__all__ = ["HFTokenizer", "Tokenizer", "TokenizerInfo", "local_tokenizer"]
 
 _THREAD_MIN_TEXTS = 64  # fewer texts than this are encoded on the event loop (microseconds)
 
@@ -103,3 +106,21 @@ def _int_or_none(value: Any) -> int | None:
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def local_tokenizer(path: str | os.PathLike[str], max_model_len: int | None) -> HFTokenizer:
+    """The Hugging Face tokenizer in ``path`` (a local folder; never a hub download)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ConfigurationError(f"tokenizer={str(path)!r} is not a folder")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"tokenizer= needs the transformers package (pip install transformers): {exc}"
+        ) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot load a tokenizer from {folder}: {exc}") from exc
+    return HFTokenizer(tokenizer, max_model_len)

@@ -10,17 +10,16 @@ every retry is ours, so a 429's ``Retry-After`` reaches the polling backoff inst
 absorbed by the SDK's own retries, and uploads and downloads stream through a fixed buffer
 (``docs/design.md``).
 
-Transient failures (connection errors, timeouts, 408/409/429/5xx, a malformed 2xx answer) are
-retried with exponential backoff, or after the server's ``Retry-After``; other answers raise
-:class:`ApiError` at once.
+Each call is one attempt: a failure raises :class:`ApiError`, ``transient`` for connection
+errors, timeouts, 408/409/429/5xx and a malformed 2xx answer (with the server's
+``Retry-After``), which the runner retries (:mod:`._retry`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,10 +29,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .._redact import redact_url
 from .._routing.retry import parse_retry_after
-from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError
 from ..types import BatchStatus
 from ._flavors import FlavorSpec, create_body, flavor_of, list_params, normalize, read_page
+from ._retry import ApiError, Retrier
 
 T = TypeVar("T")
 
@@ -81,24 +80,6 @@ class RemoteBatch(BaseModel):
         return self.status.terminal
 
 
-class ApiError(Exception):
-    """A call that failed for good: ``status`` (None: no HTTP answer) and the server's message.
-    ``transient`` when retrying could have helped (what was left when retries ran out)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        transient: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.transient = transient
-        self.retry_after_s = retry_after_s
-
-
 def check_header_value(name: str, value: str) -> str:
     """Refuse a header value that could split the request (CR, LF, NUL)."""
     if any(c in value for c in "\r\n\0"):
@@ -106,43 +87,12 @@ def check_header_value(name: str, value: str) -> str:
     return value
 
 
-class Retrier:
-    """Retries with backoff for a remote batch API's calls: ``max_retries`` retries of a
-    transient :class:`ApiError`, waiting the server's ``Retry-After`` when it sent one."""
-
-    def __init__(self, max_retries: int = 8, retry: RetryPolicy = RetryPolicy()) -> None:
-        self.max_retries = max_retries
-        self.retry = retry
-
-    async def call(self, fn: Callable[[], Awaitable[T]], *, retries: int | None = None) -> T:
-        """Run ``fn`` (one attempt), retrying transient failures ``retries`` times (None:
-        ``max_retries``; -1: without limit)."""
-        limit = self.max_retries if retries is None else retries
-        attempt = 0
-        while True:
-            try:
-                return await fn()
-            except ApiError as exc:
-                if not exc.transient or (limit >= 0 and attempt >= limit):
-                    raise
-                await anyio.sleep(self.backoff(attempt, exc.retry_after_s))
-                attempt += 1
-
-    def backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        """Seconds before retry number ``attempt + 1``: the server's ``Retry-After`` when it
-        sent one, else ``backoff_initial_s`` doubling up to ``backoff_max_s``, with jitter."""
-        if retry_after_s is not None:
-            return retry_after_s
-        base = min(self.retry.backoff_initial_s * 2.0**attempt, self.retry.backoff_max_s)
-        return float(base * (1 + 0.1 * random.random()))
-
-
-class BatchAPI(Retrier):
+class BatchAPI:
     """One remote Batch API root (``base_url`` ends in ``/v1``). Use as ``async with``.
 
-    ``max_retries``: retries of a transient failure for uploads, creates, cancels and downloads
-    (``retrieve`` may retry without limit: a remote batch keeps running while its server has a
-    bad minute). ``timeout``: seconds without progress on one HTTP call (reading a body, or
+    Each call is one attempt (the runner retries), but for the lookups made of several
+    (:meth:`find`, the model of an uploaded file), which retry each of their calls with
+    ``retrier``. ``timeout_s``: seconds without progress on one HTTP call (reading a body, or
     connecting) before it is a transient failure. ``flavor``: the provider's variant of the
     shape (:mod:`._flavors`; None: named by the base URL's host, else ``openai``).
     """
@@ -155,10 +105,9 @@ class BatchAPI(Retrier):
         base_url: str,
         api_key: str | None = None,
         *,
-        headers: dict[str, str] | None = None,
-        timeout: float = 600.0,
-        max_retries: int = 8,
-        retry: RetryPolicy = RetryPolicy(),
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = 600.0,
+        retrier: Retrier | None = None,
         flavor: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -172,8 +121,8 @@ class BatchAPI(Retrier):
         }
         if api_key:
             self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
-        super().__init__(max_retries, retry)
-        self.timeout = timeout
+        self.retrier = retrier if retrier is not None else Retrier()
+        self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> BatchAPI:
@@ -186,7 +135,7 @@ class BatchAPI(Retrier):
     async def start(self) -> None:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout, sock_read=self.timeout
+                total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
             )
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=timeout, trust_env=True
@@ -213,7 +162,7 @@ class BatchAPI(Retrier):
                 if resp.status >= 300:
                     text = (await resp.read())[:2000].decode("utf-8", "replace")
                     wait = parse_retry_after(
-                        resp.headers.get("Retry-After"), cap_s=self.retry.retry_after_cap_s
+                        resp.headers.get("Retry-After"), cap_s=self.retrier.retry.retry_after_cap_s
                     )
                     raise ApiError(
                         f"{method} {path}: HTTP {resp.status}: {_message(text)}",
@@ -262,27 +211,23 @@ class BatchAPI(Retrier):
 
     async def upload(self, path: Path, filename: str) -> str:
         """Upload a batch input file (``purpose=batch``; Together: ``batch-api``), streamed from
-        disk; its remote id."""
+        disk; its remote id. One attempt."""
         model = None
         if self.flavor.needs_model:  # a job's lines share one model (checked when it starts)
             model = await anyio.to_thread.run_sync(_first_model, path)
-
-        async def once() -> str:
-            f = await anyio.to_thread.run_sync(path.open, "rb")
-            try:
-                form = aiohttp.FormData()
-                form.add_field("purpose", self.flavor.purpose)
-                form.add_field("file", f, filename=filename, content_type="application/jsonl")
-                data = await self._json("POST", "/files", data=form)
-            finally:
-                f.close()
-            if not isinstance(data.get("id"), str):
-                raise ApiError("POST /files: answer has no file id", status=200, transient=True)
-            if model is not None:
-                self._models[str(data["id"])] = model
-            return str(data["id"])
-
-        return await self.call(once)
+        f = await anyio.to_thread.run_sync(path.open, "rb")
+        try:
+            form = aiohttp.FormData()
+            form.add_field("purpose", self.flavor.purpose)
+            form.add_field("file", f, filename=filename, content_type="application/jsonl")
+            data = await self._json("POST", "/files", data=form)
+        finally:
+            f.close()
+        if not isinstance(data.get("id"), str):
+            raise ApiError("POST /files: answer has no file id", status=200, transient=True)
+        if model is not None:
+            self._models[str(data["id"])] = model
+        return str(data["id"])
 
     async def create(
         self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str]
@@ -302,18 +247,20 @@ class BatchAPI(Retrier):
         async def read(resp: aiohttp.ClientResponse) -> str | None:
             return _model_of(await resp.content.readline())
 
-        model = await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        model = await self.retrier.call(
+            lambda: self._once("GET", f"/files/{file_id}/content", read)
+        )
         if model is not None:
             self._models[file_id] = model
         return model
 
-    async def retrieve(self, batch_id: str, *, retries: int | None = None) -> RemoteBatch:
-        path = f"{self.flavor.batches}/{batch_id}"
-        return await self.call(lambda: self._batch("GET", path), retries=retries)
+    async def retrieve(self, batch_id: str) -> RemoteBatch:
+        """One attempt."""
+        return await self._batch("GET", f"{self.flavor.batches}/{batch_id}")
 
     async def cancel(self, batch_id: str) -> RemoteBatch:
-        path = f"{self.flavor.batches}/{batch_id}/cancel"
-        return await self.call(lambda: self._batch("POST", path))
+        """One attempt."""
+        return await self._batch("POST", f"{self.flavor.batches}/{batch_id}/cancel")
 
     async def find(
         self, input_file_id: str, metadata: dict[str, str], pages: int = 20
@@ -325,7 +272,7 @@ class BatchAPI(Retrier):
         spec, path = self.flavor, self.flavor.batches
         for _ in range(pages):
             params = list_params(spec, cursor, self.page_size)
-            page = await self.call(
+            page = await self.retrier.call(
                 lambda p=params: self._json("GET", path, array=True, params=p)  # type: ignore[misc]
             )
             entries, cursor = read_page(spec, page, cursor, self.page_size)
@@ -344,7 +291,7 @@ class BatchAPI(Retrier):
         return None
 
     async def download(self, file_id: str, dest: Path) -> int:
-        """Stream a file's content to ``dest`` (replaced); the number of bytes."""
+        """Stream a file's content to ``dest`` (replaced); the number of bytes. One attempt."""
 
         async def read(resp: aiohttp.ClientResponse) -> int:
             size = 0
@@ -356,18 +303,19 @@ class BatchAPI(Retrier):
                     size += len(chunk)
             return size
 
-        return await self.call(lambda: self._once("GET", f"/files/{file_id}/content", read))
+        return await self._once("GET", f"/files/{file_id}/content", read)
 
-    async def models(self) -> set[str] | None:
-        """The served model ids (``GET /models``), or None when the server cannot list them."""
+    async def models(self) -> dict[str, dict[str, Any]] | None:
+        """The served models (``GET /models``) by id, or None when the server cannot list
+        them."""
         try:
-            data = await self.call(lambda: self._json("GET", "/models"), retries=1)
+            data = await self._json("GET", "/models")
         except ApiError:
             return None
         entries = data.get("data")
         if not isinstance(entries, list):
             return None
-        return {str(e.get("id")) for e in entries if isinstance(e, dict)}
+        return {str(e.get("id")): e for e in entries if isinstance(e, dict)}
 
 
 def _first_model(path: Path) -> str | None:

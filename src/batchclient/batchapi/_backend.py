@@ -1,23 +1,31 @@
-"""``RemoteBatchBackend``: what another provider's batch API implements to run on the durable
-machinery of :mod:`batchclient.batchapi` (parts and remote ids in the state directory,
-resubmission, polling with backoff, re-attach on the next ``async with``, cancel keeping what
-finished).
+"""``RemoteBatchBackend``: one provider's batch API, as the one engine of this package runs it
+(the OpenAI Files + Batches API and the APIs shaped like it, Anthropic Message Batches,
+Gemini batches).
 
-A backend only speaks its provider's wire. The runner (:class:`~._backend_runner.BackendRunner`)
-owns everything else: it splits a job's input into parts of at most ``limits`` lines and bytes,
-writes each part's file through :meth:`RemoteBatchBackend.encode` (one provider request per
-line, sent under the line's *wire id*: its input line number, which every provider's id rules
-accept), records each part before the remote call that gives it an id, polls, collects and
-resubmits.
+A backend only speaks its provider's wire. The runner (:class:`~._runner.RemoteRunner`) owns the
+rest: it splits a job's input into parts of at most ``limits`` lines and bytes, writes each
+part's file through :meth:`RemoteBatchBackend.encode` (one provider request per line, sent under
+:meth:`RemoteBatchBackend.wire_id`), records each part before the remote call that gives it an
+id, uploads, creates, polls, collects and resubmits.
 
 Results come back from :meth:`RemoteBatchBackend.results` as a file of *normalised lines*, one
-JSON object per request, in any order (written with :func:`ok_line`, :func:`error_line` and
-:func:`unrun_line`): the OpenAI batch output shape, so collection, ordering and decoding are
-shared with the OpenAI Batch API.
+JSON object per request, in any order, in the OpenAI batch output shape (so collecting,
+ordering and decoding are one code for every backend), written with :func:`ok_line`,
+:func:`error_line`, :func:`unrun_line` and :func:`rest_line`:
 
-Errors: a backend raises :class:`~._api.ApiError` (``status``, ``transient``,
-``retry_after_s``) for a call that failed; the runner retries transient ones with
-:class:`~._api.Retrier` backoff (``Retry-After`` first), polls without limit.
+- ``{"custom_id", "response": {"status_code", "body", "request_id"}}``: an answer (2xx, or the
+  HTTP error the request got);
+- ``{"custom_id", "error": {"code", "message", "param"}}``: a per-item error;
+  ``batch_expired`` / ``batch_cancelled``: a request the batch did not run;
+- ``"line": n`` instead of ``custom_id``: the n-th request (1-based) of the part's file (the
+  validation errors of a failed OpenAI batch name lines, not ids);
+- ``{"rest": true, "error": ...}``: what every request the file does not name got (a batch
+  that failed as a whole);
+- ``"retryable": true``: the request may succeed in a later batch (429, 5xx, overloaded, a
+  batch that failed without naming it); it is resubmitted while attempts are left.
+
+Errors: each async method is one attempt at one remote call and raises
+:class:`~._retry.ApiError` when it fails; the runner retries transient ones.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import orjson
 
 from .._core.request import Result
 from ..jobs import RequestLine
-from ._api import Retrier
+from ..types import Endpoint
 from ._parts import Limits
 
 __all__ = [
@@ -38,8 +46,8 @@ __all__ = [
     "RemoteState",
     "error_line",
     "ok_line",
+    "rest_line",
     "unrun_line",
-    "wire_id",
 ]
 
 RemoteStatus = Literal["in_progress", "cancelling", "ended"]
@@ -48,12 +56,11 @@ RemoteStatus = Literal["in_progress", "cancelling", "ended"]
 @dataclass(frozen=True)
 class RemoteState:
     """A remote batch as last polled. ``status``: ``in_progress``, ``cancelling`` or ``ended``
-    (every request has a result: succeeded, errored, expired or cancelled; results can be
-    read). ``completed`` / ``failed``: requests known finished so far (0 when the provider
-    counts only at the end). ``cancelled``: someone cancelled the batch (for the runner: not a
-    reason to resubmit when it was this client stopping the job). ``partial``: the batch ended
-    without running everything and its results cannot name what it skipped (Gemini returns
-    only what it answered): a request missing from them was not run, rather than lost."""
+    (its results can be read). ``completed`` / ``failed``: requests known finished so far (0
+    when the provider counts only at the end). ``cancelled``: the batch was cancelled (by this
+    client stopping its job, or by someone else: then what it did not run is not resubmitted).
+    ``partial``: the batch ended without running everything, and a request missing from its
+    results was not run (expired, cancelled) rather than lost."""
 
     status: RemoteStatus
     completed: int = 0
@@ -66,74 +73,115 @@ class RemoteState:
         return self.status == "ended"
 
 
-def wire_id(line: RequestLine) -> str:
-    """The id a job's input line is sent under: its line number (``custom_id`` values may be
-    any string; providers restrict theirs, e.g. Anthropic to ``^[a-zA-Z0-9_-]{1,64}$``)."""
-    return str(line.seq)
+def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:
+    if retryable:
+        fields["retryable"] = True
+    return orjson.dumps({**key, **fields}) + b"\n"
 
 
-def ok_line(wire: str, body: dict[str, Any], request_id: str | None = None) -> bytes:
-    """A normalised result line: an answer, already in the OpenAI shape of the job's endpoint
-    (a ``chat.completion`` body for chat)."""
-    response = {"status_code": 200, "body": body, "request_id": request_id}
-    return orjson.dumps({"custom_id": wire, "response": response}) + b"\n"
+def ok_line(
+    wire: str, body: dict[str, Any], request_id: str | None = None, *, status: int = 200
+) -> bytes:
+    """A normalised answer: ``body`` in the OpenAI shape of the job's endpoint (a
+    ``chat.completion`` for chat); a body JSON cannot hold is the request's
+    ``bad_upstream_response``."""
+    response = {"status_code": status, "body": body, "request_id": request_id}
+    try:
+        return _line({"custom_id": wire}, False, response=response)
+    except TypeError as exc:  # orjson: an integer over 64 bits, a value that is not JSON
+        return error_line(wire, "bad_upstream_response", f"the answer cannot be kept: {exc}")
 
 
 def error_line(
-    wire: str, code: str, message: str, *, retryable: bool = False, param: str | None = None
+    wire: str | int,
+    code: str,
+    message: str,
+    *,
+    retryable: bool = False,
+    param: str | None = None,
 ) -> bytes:
-    """A normalised result line: a per-item error (``code`` an :class:`~batchclient.ErrorCode`
-    value). ``retryable``: the runner submits the request again in a later batch (while
-    attempts are left) instead of committing the error."""
-    error = {"code": code, "message": message, "retryable": retryable, "param": param}
-    return orjson.dumps({"custom_id": wire, "error": error}) + b"\n"
+    """A normalised per-item error (``code`` an :class:`~batchclient.ErrorCode` value);
+    ``wire`` an ``int``: the request on that line (1-based) of the part's file."""
+    key: dict[str, Any] = {"line": wire} if isinstance(wire, int) else {"custom_id": wire}
+    error = {"code": code, "message": message, "param": param}
+    return _line(key, retryable, error=error)
 
 
 def unrun_line(wire: str, why: Literal["expired", "cancelled"]) -> bytes:
-    """A normalised result line: a request the batch did not run (it expired, or was
-    cancelled first). It stays unfinished: resubmitted while attempts are left, unless the job
-    itself is being cancelled."""
+    """A request the batch did not run (it expired, or was cancelled first): resubmitted while
+    attempts are left, unless its batch was cancelled."""
     code = "batch_expired" if why == "expired" else "batch_cancelled"
     error = {"code": code, "message": f"the remote batch {why} before running this request"}
-    return orjson.dumps({"custom_id": wire, "error": error}) + b"\n"
+    return _line({"custom_id": wire}, False, error=error)
+
+
+def rest_line(code: str, message: str, *, retryable: bool) -> bytes:
+    """What every request the results do not name got (a batch that failed as a whole)."""
+    return _line({"rest": True}, retryable, error={"code": code, "message": message})
 
 
 class RemoteBatchBackend(Protocol):
     """One provider's batch API. Every async method is one attempt at one remote call (the
-    runner retries, with ``retrier``); each raises :class:`~._api.ApiError` when it fails."""
+    runner retries); each raises :class:`~._retry.ApiError` when it fails."""
 
+    name: str
+    """The provider's registry name (``batch-api``, ``anthropic-batch``, ``gemini-batch``)."""
+    base_url: str
+    """The API root, without credentials (as shown and stored)."""
+    endpoints: frozenset[Endpoint]
+    """The endpoints its batches serve."""
     limits: Limits
-    """The most requests and part-file bytes in one remote batch (set them a little under the
+    """The most requests and part-file bytes in one remote batch (a little under the
     provider's caps: the request that carries the file adds its own bytes)."""
-    retrier: Retrier
-    """Retries and backoff for this backend's calls (``max_retries``, ``RetryPolicy``)."""
-    poll_interval_s: float
-    """Seconds between two polls of one remote batch."""
 
     def identity(self) -> dict[str, Any]:
-        """What tells two endpoints apart (provider name, base URL), for call keys."""
+        """What tells two endpoints apart (provider name, base URL), for call and job keys."""
         ...
 
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
+    async def models(self) -> set[str] | None:
+        """The model names served, or None when they cannot be listed."""
+        ...
+
+    async def context_length(self, model: str) -> int | None:
+        """``model``'s context in tokens where the API lists it (vLLM's ``max_model_len``),
+        else None."""
+        ...
+
+    def wire_id(self, line: RequestLine) -> str:
+        """The id ``line`` is sent under (its ``custom_id``, or its line number where the
+        provider restricts ids; Anthropic: ``^[a-zA-Z0-9_-]{1,64}$``)."""
+        ...
+
     def encode(self, line: RequestLine, endpoint: str) -> bytes | Result:
-        """One line of a part's file for ``line`` (sent under :func:`wire_id`), or a failed
-        :class:`Result` (e.g. ``unsupported_parameter``) that becomes the line's own error. Pure:
-        called again with the same line after a crash or to resubmit."""
+        """One line of a part's file for ``line``, or a failed :class:`Result` (e.g.
+        ``unsupported_parameter``) that becomes the line's own error. Pure: called again with
+        the same line after a crash or to resubmit."""
         ...
 
-    async def submit(self, path: Path, lines: int, marks: dict[str, str]) -> str:
-        """Create a remote batch from the part file at ``path`` (``lines`` requests); its remote
-        id. Not idempotent: after an ambiguous failure the runner calls :meth:`find` first.
-        ``marks`` (job id, part number) label the batch where the provider keeps labels."""
+    async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
+        """Upload the part's file at ``path`` (``lines`` requests) where a create can name
+        it; its remote id, or None where the create carries the requests itself."""
         ...
 
-    async def find(self, marks: dict[str, str], lines: int, since: float) -> str | None:
-        """The remote batch a lost create answer made: labelled ``marks``, or (providers
-        without labels) of ``lines`` requests created at or after ``since`` (Unix seconds);
-        None when there is none (or it cannot be told)."""
+    async def submit(
+        self, upload: str | None, path: Path, endpoint: str, window: str, marks: dict[str, str]
+    ) -> str:
+        """Create a remote batch of the part (its ``upload``, or the file at ``path``) for
+        ``endpoint`` within ``window``; its remote id. Not idempotent: after an ambiguous
+        failure the runner calls :meth:`find` first. ``marks`` (job id, part number) label
+        the batch where the provider keeps labels."""
+        ...
+
+    async def find(
+        self, upload: str | None, marks: dict[str, str], lines: int, since: float
+    ) -> str | None:
+        """The remote batch a lost create answer made: labelled ``marks``, over ``upload``,
+        or (providers without labels) of ``lines`` requests created at or after ``since``
+        (Unix seconds); None when there is none (or it cannot be told)."""
         ...
 
     async def poll(self, remote_id: str) -> RemoteState: ...

@@ -8,7 +8,9 @@ with ``inputConfig.fileName``. The batch carries its job and part in ``displayNa
 create whose answer was lost is found again in ``GET batches``. Polls read ``JOB_STATE_*`` (the
 REST ``BATCH_STATE_*``) and ``batchStats``. Results: ``inlinedResponses``
 (by ``metadata.key``) or the ``responsesFile`` (lines by ``key``), in any order, each answer
-translated to a ``chat.completion`` (:mod:`._gemini_translate`).
+translated to a ``chat.completion`` (:mod:`._gemini_translate`). Results are read from the
+operation's JSON (not the SDK's types), so one malformed answer is its own request's
+``bad_upstream_response`` and the others keep theirs.
 
 Per-request errors are ``google.rpc.Status`` objects: ``UNAVAILABLE``, ``INTERNAL``,
 ``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable (submitted again while attempts
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,16 +30,16 @@ import anyio
 import orjson
 from anyio import to_thread
 
-from .._core.decode import http_error
 from .._core.request import Result, failed
 from .._routing.retry import parse_retry_after
-from .._routing.settings import RetryPolicy
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs import RequestLine
-from ._api import ApiError, Retrier
-from ._backend import RemoteState, error_line, ok_line, wire_id
-from ._gemini_translate import Unsupported, status_of, to_completion, to_request
+from ..types import Endpoint
+from ._backend import RemoteState, rest_line
+from ._gemini_files import first_model, inline_requests, write_file, write_inline
+from ._gemini_translate import Unsupported, to_request
 from ._parts import Limits, private_file
+from ._retry import ApiError, Retrier
 
 if TYPE_CHECKING:
     from google import genai
@@ -58,9 +61,6 @@ MAX_LINES = 100_000
 are resubmitted) in smaller pieces."""
 
 _CHAT = "/v1/chat/completions"
-_RETRYABLE_STATUS = frozenset(
-    {"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
-)
 _TRANSIENT_HTTP = frozenset({408, 409, 429, 500, 502, 503, 504})
 _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
@@ -95,40 +95,45 @@ def _api_error(what: str, exc: BaseException, cap_s: float) -> ApiError:
 
 
 class GeminiBackend:
-    """One Gemini API endpoint as a :class:`~._backend.RemoteBatchBackend`.
+    """One Gemini API endpoint as a :class:`~._backend.RemoteBatchBackend`. Arguments as
+    :class:`~batchclient.GeminiBatchInference`: ``api_key`` None reads ``$GEMINI_API_KEY``,
+    else ``$GOOGLE_API_KEY``; ``max_lines`` / ``max_bytes`` None: :data:`MAX_LINES` /
+    :data:`MAX_BYTES`; parts up to ``inline_bytes`` go inline.
 
-    Args: as :class:`~batchclient.GeminiBatchInference` (``api_key`` resolved already).
-    ``limits`` and ``inline_bytes`` (parts up to this size go inline) may be set after.
+    Raises:
+        ConfigurationError: no key, a bad URL or ``inline_bytes`` over the inline cap.
     """
+
+    name = "gemini-batch"
+    endpoints = frozenset({Endpoint.chat_completions})
 
     def __init__(
         self,
-        api_key: str,
+        api_key: str | None,
+        base_url: str | None,
         *,
-        base_url: str | None = None,
-        poll_interval: float = 30.0,
-        timeout: float = 600.0,
-        max_retries: int = 8,
-        retry: RetryPolicy = RetryPolicy(),
-        headers: dict[str, str] | None = None,
+        timeout_s: float,
+        retrier: Retrier,
+        headers: Mapping[str, str] | None,
+        max_lines: int | None,
+        max_bytes: int | None,
+        inline_bytes: int,
     ) -> None:
-        if poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be > 0 seconds")
-        if max_retries < 0 or timeout <= 0:
-            raise ConfigurationError("max_retries must be >= 0 and timeout > 0 seconds")
         url = (base_url or GEMINI_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
+        if not 0 <= inline_bytes <= INLINE_CAP:
+            raise ConfigurationError(
+                f"inline_bytes must be between 0 and {INLINE_CAP} (95% of Gemini's 20 MB cap)"
+            )
+        self.api_key = resolve_key(api_key)
         self.base_url = url
-        self.limits = Limits(MAX_LINES, MAX_BYTES)
-        self.inline_bytes = INLINE_BYTES
-        self.retrier = Retrier(max_retries, retry)
-        self.poll_interval_s = poll_interval
-        self._api_key = api_key
-        self._timeout = timeout
+        self.limits = Limits(max_lines or MAX_LINES, max_bytes or MAX_BYTES)
+        self.inline_bytes = inline_bytes
+        self.retrier = retrier
+        self._timeout_s = timeout_s
         self._headers = dict(headers or {})
         self._client: genai.Client | None = None
-        self._keyed_inline = True
 
     def identity(self) -> dict[str, Any]:
         return {"provider": "gemini-batch", "base_url": self.base_url}
@@ -145,13 +150,10 @@ class GeminiBackend:
             ) from None
         options = types.HttpOptions(
             base_url=self.base_url + "/",
-            timeout=int(self._timeout * 1000),  # milliseconds
+            timeout=int(self._timeout_s * 1000),  # milliseconds
             headers=self._headers or None,
         )
-        self._client = genai.Client(api_key=self._api_key, http_options=options)
-        # Inline answers are matched to requests by metadata.key; an SDK whose InlinedResponse
-        # drops metadata cannot tell them apart, so every part goes as a file there
-        self._keyed_inline = "metadata" in types.InlinedResponse.model_fields
+        self._client = genai.Client(api_key=self.api_key, http_options=options)
 
     async def stop(self) -> None:
         client, self._client = self._client, None
@@ -167,6 +169,15 @@ class GeminiBackend:
         return self._client.aio
 
     # ------------------------------------------------------------------ requests
+
+    async def models(self) -> set[str] | None:
+        return None  # not asked: one more call per batch
+
+    async def context_length(self, model: str) -> int | None:
+        return None
+
+    def wire_id(self, line: RequestLine) -> str:
+        return str(line.seq)  # custom_id may be any string; a key is kept short and plain
 
     def encode(self, line: RequestLine, endpoint: str) -> bytes | Result:
         if endpoint != _CHAT:
@@ -185,21 +196,35 @@ class GeminiBackend:
         request["model"] = (
             model if model.startswith(("models/", "tunedModels/")) else f"models/{model}"
         )
-        return orjson.dumps({"key": wire_id(line), "request": request}) + b"\n"
+        return orjson.dumps({"key": self.wire_id(line), "request": request}) + b"\n"
 
-    async def submit(self, path: Path, lines: int, marks: dict[str, str]) -> str:
+    async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
+        """Upload a part over ``inline_bytes`` as a file (its name); smaller ones go inline."""
+        size = (await anyio.Path(path).stat()).st_size
+        if size <= self.inline_bytes:
+            return None
+        config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
+        try:
+            uploaded = await self._aio().files.upload(file=str(path), config=config)
+        except Exception as exc:
+            raise self._error("upload the batch input file", exc) from None
+        if not uploaded.name:
+            raise ApiError("upload: the answer names no file", status=200, transient=True)
+        return str(uploaded.name)
+
+    async def submit(
+        self, upload: str | None, path: Path, endpoint: str, window: str, marks: dict[str, str]
+    ) -> str:
         from google.genai import types
 
-        size = (await anyio.Path(path).stat()).st_size
         config = types.CreateBatchJobConfig(display_name=_display_name(marks))
         src: list[Any] | str
-        if size <= self.inline_bytes and self._keyed_inline:
-            model, src = await to_thread.run_sync(_inline_requests, path)
-            what = f"create an inline batch of {lines} requests"
+        if upload is None:
+            model, src = await to_thread.run_sync(inline_requests, path)
+            what = "create an inline batch"
         else:
-            model = await to_thread.run_sync(_first_model, path)
-            src = await self._upload(path, marks)
-            what = f"create a batch from {src}"
+            model = await to_thread.run_sync(first_model, path)
+            src, what = upload, f"create a batch from {upload}"
         try:
             job = await self._aio().batches.create(model=model, src=src, config=config)
         except Exception as exc:
@@ -208,20 +233,9 @@ class GeminiBackend:
             raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
         return str(job.name)
 
-    async def _upload(self, path: Path, marks: dict[str, str]) -> str:
-        async def once() -> str:
-            config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
-            try:
-                uploaded = await self._aio().files.upload(file=str(path), config=config)
-            except Exception as exc:
-                raise self._error("upload the batch input file", exc) from None
-            if not uploaded.name:
-                raise ApiError("upload: the answer names no file", status=200, transient=True)
-            return str(uploaded.name)
-
-        return await self.retrier.call(once)
-
-    async def find(self, marks: dict[str, str], lines: int, since: float) -> str | None:
+    async def find(
+        self, upload: str | None, marks: dict[str, str], lines: int, since: float
+    ) -> str | None:
         name = _display_name(marks)
         try:
             pager = await self._aio().batches.list(config={"page_size": 100})
@@ -238,14 +252,32 @@ class GeminiBackend:
 
     # ------------------------------------------------------------------ state and results
 
-    async def _get(self, remote_id: str) -> Any:
+    async def _operation(self, remote_id: str) -> dict[str, Any]:
+        """The batch operation's JSON, through the SDK's own transport (same key, base URL and
+        errors): the SDK's ``BatchJob`` drops ``batchStats`` in Developer API mode, and its
+        parse would refuse a whole batch for one malformed answer."""
         try:
-            return await self._aio().batches.get(name=remote_id)
+            response = await self._aio()._api_client.async_request("get", remote_id, {})
         except Exception as exc:
             raise self._error(f"get {remote_id}", exc) from None
+        try:
+            data = orjson.loads(response.body or b"{}")
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("metadata", {}), dict):
+            raise ApiError(
+                f"get {remote_id}: the answer is not a batch operation", status=200, transient=True
+            )
+        return data
 
     async def poll(self, remote_id: str) -> RemoteState:
-        state, counts = await self._state(remote_id)
+        meta = (await self._operation(remote_id)).get("metadata") or {}
+        stats = _object(meta.get("batchStats"))
+        counts = (
+            _count(stats.get("successfulRequestCount")),
+            _count(stats.get("failedRequestCount")),
+        )
+        state = _state(meta)
         if state in _RUNNING:
             return RemoteState("in_progress", *counts)
         if state == "JOB_STATE_CANCELLING":
@@ -258,72 +290,41 @@ class GeminiBackend:
             partial=state != "JOB_STATE_SUCCEEDED",
         )
 
-    async def _state(self, remote_id: str) -> tuple[str, tuple[int, int]]:
-        """The batch's ``JOB_STATE_*`` and its (succeeded, failed) request counts.
-
-        The SDK's ``BatchJob`` drops ``batchStats`` in Developer API mode, so the poll reads the
-        operation's JSON through the SDK's own transport (same key, base URL, errors); an SDK
-        without that method falls back to ``batches.get`` and counts that arrive at the end.
-        """
-        api = getattr(self._aio(), "_api_client", None)
-        if api is None or not hasattr(api, "async_request"):
-            job = await self._get(remote_id)
-            return (job.state.value if job.state is not None else "JOB_STATE_UNSPECIFIED"), (0, 0)
-        try:
-            response = await api.async_request("get", remote_id, {})
-        except Exception as exc:
-            raise self._error(f"get {remote_id}", exc) from None
-        try:
-            meta = orjson.loads(response.body or b"{}").get("metadata") or {}
-            stats = meta.get("batchStats") or {}
-            counts = (
-                int(stats.get("successfulRequestCount") or 0),
-                int(stats.get("failedRequestCount") or 0),
-            )
-            # the REST API says BATCH_STATE_*, the SDK's JobState JOB_STATE_*: one name here
-            state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
-        except (ValueError, TypeError, AttributeError):
-            raise ApiError(
-                f"get {remote_id}: the answer is not a batch operation", status=200, transient=True
-            ) from None
-        return state or "JOB_STATE_UNSPECIFIED", counts
-
     async def results(self, remote_id: str, dest: Path) -> None:
-        job = await self._get(remote_id)
-        state = job.state.value if job.state is not None else ""
-        out = job.dest
-        if out is not None and out.inlined_responses is not None:
-            rows = [(r.metadata or {}, r.response, r.error) for r in out.inlined_responses]
-            await to_thread.run_sync(_write_inline, rows, str(job.model or ""), dest)
+        op = await self._operation(remote_id)
+        meta = _object(op.get("metadata"))
+        output = _object(meta.get("output")) or _object(op.get("response"))
+        model = str(meta.get("model") or "")
+        inline = _object(output.get("inlinedResponses")).get("inlinedResponses")
+        if isinstance(inline, list):
+            await to_thread.run_sync(write_inline, inline, model, dest)
             return
-        if out is not None and out.file_name:
+        file_name = output.get("responsesFile")
+        if isinstance(file_name, str) and file_name:
             raw = dest.with_name(dest.name + ".raw")
             try:
-                await self._download(out.file_name, raw)
-                await to_thread.run_sync(_write_file, raw, str(job.model or ""), dest)
+                await self._download(file_name, raw)
+                await to_thread.run_sync(write_file, raw, model, dest)
             finally:
                 await anyio.Path(raw).unlink(missing_ok=True)
             return
-        if state in ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"):
-            error = job.error.message if job.error is not None else "no results"
-            raise ApiError(f"the remote batch {remote_id} ended {state} without results: {error}")
-        await to_thread.run_sync(lambda: private_file(dest).close())  # nothing ran
+        with private_file(dest) as out:  # no results: nothing ran, or the batch failed
+            if _state(meta) == "JOB_STATE_FAILED":
+                error = _object(op.get("error")).get("message") or "no results"
+                why = f"the remote batch {remote_id} failed: {str(error)[:300]}"
+                out.write(rest_line(ErrorCode.batch_failed.value, why, retryable=True))
 
     async def _download(self, file_name: str, dest: Path) -> None:
         files = self._aio().files
         streams = "destination" in inspect.signature(files.download).parameters
-
-        async def once() -> None:
-            try:
-                with private_file(dest) as f:
-                    if streams:
-                        await files.download(file=file_name, destination=f)
-                    else:  # SDKs before download(destination=) hand the whole file back
-                        f.write(await files.download(file=file_name))
-            except Exception as exc:
-                raise self._error(f"download {file_name}", exc) from None
-
-        await self.retrier.call(once)
+        try:
+            with private_file(dest) as f:
+                if streams:
+                    await files.download(file=file_name, destination=f)
+                else:  # SDKs before download(destination=) hand the whole file back
+                    f.write(await files.download(file=file_name))
+        except Exception as exc:
+            raise self._error(f"download {file_name}", exc) from None
 
     async def cancel(self, remote_id: str) -> None:
         try:
@@ -332,85 +333,21 @@ class GeminiBackend:
             raise self._error(f"cancel {remote_id}", exc) from None
 
 
-# ---------------------------------------------------------------------------- file helpers
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
-def _first_model(path: Path) -> str:
-    """The part's model: every request of a job names the same one (a batch file with two
-    models fails validation, ``mismatched_model``), as a Gemini batch runs one model."""
-    with path.open("rb") as f:
-        return str(orjson.loads(f.readline())["request"]["model"])
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
-def _inline_requests(path: Path) -> tuple[str, list[Any]]:
-    """The part file's requests as the SDK's ``InlinedRequest`` objects (its ``config`` carries
-    what the SDK moves back into the request: ``generationConfig`` fields, ``systemInstruction``,
-    ``tools``, ``toolConfig``); and the first request's model."""
-    from google.genai import types
-
-    requests: list[Any] = []
-    model = ""
-    with path.open("rb") as f:
-        for raw in f:
-            line = orjson.loads(raw)
-            request = dict(line["request"])
-            own = request.pop("model")
-            model = model or own
-            config = dict(request.pop("generationConfig", {}))
-            for key in ("systemInstruction", "tools", "toolConfig"):
-                if key in request:
-                    config[key] = request.pop(key)
-            requests.append(
-                types.InlinedRequest(
-                    model=own,
-                    contents=request.pop("contents"),
-                    metadata={"key": line["key"]},
-                    config=types.GenerateContentConfig.model_validate(config) if config else None,
-                )
-            )
-    return model, requests
-
-
-def _normalised(key: str, response: Any, error: Any, model: str) -> bytes:
-    if isinstance(error, dict) and error:
-        status = str(error.get("status") or "")
-        message = str(error.get("message") or "the remote batch reported an error")
-        http = status_of(error)
-        retryable = status in _RETRYABLE_STATUS or http in (429, 500, 503, 504)
-        code = http_error(http, message).error
-        assert code is not None
-        return error_line(key, code.code, f"{status or http}: {message}", retryable=retryable)
-    if not isinstance(response, dict):
-        return error_line(key, ErrorCode.bad_upstream_response.value, "no response and no error")
-    return ok_line(key, to_completion(response, model.removeprefix("models/"), key))
-
-
-def _write_inline(rows: list[tuple[dict[str, str], Any, Any]], model: str, dest: Path) -> None:
-    with private_file(dest) as out:
-        for metadata, response, error in rows:
-            key = metadata.get("key")
-            if key is None:
-                continue
-            body = (
-                response.model_dump(mode="json", by_alias=True, exclude_none=True)
-                if response
-                else None
-            )
-            err = error.model_dump(mode="json", exclude_none=True) if error else None
-            out.write(_normalised(key, body, err, model))
-
-
-def _write_file(raw: Path, model: str, dest: Path) -> None:
-    with raw.open("rb") as src, private_file(dest) as out:
-        for line in src:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # its request reads as missing: a bad_upstream_response item
-            if isinstance(obj, dict) and isinstance(obj.get("key"), str):
-                out.write(_normalised(obj["key"], obj.get("response"), obj.get("error"), model))
+def _state(meta: dict[str, Any]) -> str:
+    """The batch's ``JOB_STATE_*`` (the REST API says ``BATCH_STATE_*``: one name here)."""
+    state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
+    return state or "JOB_STATE_UNSPECIFIED"
 
 
 def resolve_key(api_key: str | None) -> str:

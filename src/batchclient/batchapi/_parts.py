@@ -1,10 +1,10 @@
-"""The remote batches ("parts") of one local job: their records, writing their input files from
-the job's input, and turning their output and error files back into result rows.
+"""The remote batches ("parts") of one local job: their records, and writing their input files
+from the job's input (their results come back through :mod:`._collect`).
 
 Records (:class:`RemoteIds`, schema ``batchapi`` in the jobs' database): ``remote_parts`` (each
-remote batch a job owns: its range of input lines, remote file and batch ids, last seen status
-and request counts) and ``remote_calls`` (the job behind each call, by content key, so a
-repeated call re-attaches).
+remote batch a job owns: its range of input lines, its uploaded file and remote batch ids, when
+its create was first sent, last seen status and request counts) and ``remote_calls`` (the job
+behind each call, by content key, so a repeated call re-attaches).
 
 A part covers a range of the job's input lines (``first_seq .. first_seq + count - 1``, at most
 ``max_lines`` long) and holds the lines of that range that were not finished when it was written,
@@ -13,14 +13,13 @@ lines, so a part's file can be written again after a crash, and a remote error's
 maps back to its input line.
 
 Everything here is blocking (run it through ``anyio.to_thread``) and streams: a part file is
-written line by line, and collecting an output file keeps only an index of ``custom_id`` -> byte
-offset in memory.
+written line by line.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,25 +27,24 @@ from typing import IO, Any
 
 import orjson
 
-from .._core.decode import classify_http, http_error
-from .._core.request import Result, failed, item_error
-from .._state import Database, Migration, Schema, record
+from .._core.decode import classify_http
+from .._core.request import Result, failed
+from .._state import Database, Migration, Schema, add_columns, record
 from ..errors import ErrorCode
 from ..jobs import RequestLine, ResultRow, Store, iter_requests, request_for, row_for
 from ..types import Endpoint
-from ._api import RemoteError
 
 _COMMIT_EVERY = 512
-UNFINISHED_CODES = frozenset({"batch_expired", "batch_cancelled"})
-"""Error-file codes that mean "not run": such lines stay unfinished (to be re-run or filled)."""
 
 
 @dataclass
 class Part:
     """One remote batch of a job (a ``remote_parts`` row). ``state``: ``planned`` (range chosen),
-    ``uploaded`` (``input_file_id`` known), ``submitted`` (``batch_id`` known), ``collected``
-    (its results are committed). ``completed`` / ``failed``: the remote request counts last
-    seen."""
+    ``uploaded`` (its file is where a create can name it: ``input_file_id``, None for a
+    backend whose create carries the requests), ``submitted`` (``batch_id`` known),
+    ``collected`` (its results are committed). ``sent_at``: when its create first went out
+    (Unix seconds; None: never), so a create whose answer was lost is looked for, not
+    repeated. ``completed`` / ``failed``: the remote request counts last seen."""
 
     job_id: str
     part: int
@@ -59,6 +57,7 @@ class Part:
     remote_status: str | None = None
     completed: int = 0
     failed: int = 0
+    sent_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,18 @@ class RemoteCall:
     call_key: str
     job_id: str
     delivered: bool
+
+
+def _sent_at(db: sqlite3.Connection) -> None:
+    """``sent_at``; parts caught between upload and create keep their meaning: an OpenAI part
+    ``uploaded`` may have had its create sent (look first), and the other backends kept the
+    time in ``input_file_id`` as ``create@<unix time>``."""
+    add_columns("remote_parts", "sent_at REAL")(db)
+    db.execute(
+        "UPDATE remote_parts SET sent_at = CAST(substr(input_file_id, 8) AS REAL), "
+        "input_file_id = NULL WHERE input_file_id LIKE 'create@%'"
+    )
+    db.execute("UPDATE remote_parts SET sent_at = 0 WHERE state = 'uploaded' AND sent_at IS NULL")
 
 
 SCHEMA = Schema(
@@ -87,6 +98,7 @@ CREATE TABLE IF NOT EXISTS remote_calls(
     call_key TEXT PRIMARY KEY, job_id TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0)
 """,
         ),
+        Migration(2, _sent_at),
     ),
 )
 
@@ -161,11 +173,6 @@ bytes, or a failed :class:`Result` for a request the remote API cannot take (com
 line's per-item error; the line is not sent)."""
 
 
-def openai_line(line: RequestLine, endpoint: str) -> bytes:
-    """The OpenAI Batch API's encoder: the line as it came, under its own ``custom_id``."""
-    return batch_line(line.custom_id, endpoint, line.body)
-
-
 class LineCursor:
     """The request lines of a job's input file from ``start``, with one line of look-ahead."""
 
@@ -203,7 +210,7 @@ def write_part(
     endpoint: str,
     limits: Limits,
     path: Path,
-    encode: Encoder = openai_line,
+    encode: Encoder,
 ) -> PartPlan | None:
     """Write the next part from ``cursor`` to ``path``; None when the input is exhausted. A
     line that alone exceeds ``max_bytes``, or that ``encode`` refuses, is committed at once as
@@ -216,20 +223,13 @@ def write_part(
     done = store.finished_seqs(job_id, lo, hi)
     lines = size = 0
     last = lo - 1
-    too_big: list[ResultRow] = []
+    sink = Committer(store, job_id)
     with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
-                data = encode(line, endpoint)
+                data = _encoded(line, endpoint, encode, limits.max_bytes)
                 if isinstance(data, Result):
-                    too_big.append(_row(job_id, line, data, Endpoint(endpoint)))
-                elif len(data) > limits.max_bytes:
-                    result = failed(
-                        ErrorCode.invalid_request,
-                        f"the request line is {len(data)} bytes, over the remote batch limit of "
-                        f"{limits.max_bytes} bytes (max_bytes)",
-                    )
-                    too_big.append(_row(job_id, line, result, Endpoint(endpoint)))
+                    sink.add(line, data)
                 else:
                     if size + len(data) > limits.max_bytes:
                         break
@@ -238,9 +238,19 @@ def write_part(
                     lines += 1
             last = line.seq
             cursor.advance()
-    if too_big:
-        store.commit_results(job_id, too_big)
+    sink.flush()
     return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines, bytes=size)
+
+
+def _encoded(line: RequestLine, endpoint: str, encode: Encoder, max_bytes: int) -> bytes | Result:
+    data = encode(line, endpoint)
+    if isinstance(data, bytes) and len(data) > max_bytes:
+        return failed(
+            ErrorCode.invalid_request,
+            f"the request line is {len(data)} bytes, over the remote batch limit of "
+            f"{max_bytes} bytes (max_bytes)",
+        )
+    return data
 
 
 def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Iterator[RequestLine]:
@@ -263,15 +273,17 @@ def rewrite_part(
     part: Part,
     endpoint: str,
     path: Path,
-    encode: Encoder = openai_line,
+    encode: Encoder,
+    max_bytes: int,
 ) -> int:
     """Write a part's file again (after a crash before its upload, or to resubmit what is
-    left of it); the number of lines. A line ``encode`` refuses is committed as its error."""
+    left of it); the number of lines. A line ``encode`` refuses, or over ``max_bytes``, is
+    committed as its error."""
     n = 0
-    sink = _Committer(store, job_id)
+    sink = Committer(store, job_id)
     with private_file(path) as out:
         for line in part_lines(store, job_id, input_path, part):
-            data = encode(line, endpoint)
+            data = _encoded(line, endpoint, encode, max_bytes)
             if isinstance(data, Result):
                 sink.add(line, data)
                 continue
@@ -286,7 +298,9 @@ def _row(job_id: str, line: RequestLine, result: Result, endpoint: Endpoint) -> 
     return row_for(job_id, request_for(line.seq, line.custom_id, line.body, endpoint), result)
 
 
-class _Committer:
+class Committer:
+    """A job's result rows, committed ``_COMMIT_EVERY`` at a time (and by :meth:`flush`)."""
+
     def __init__(self, store: Store, job_id: str) -> None:
         self.store, self.job_id, self.rows = store, job_id, list[ResultRow]()
         self.endpoint = Endpoint(store.job_row(job_id).endpoint)
@@ -302,157 +316,13 @@ class _Committer:
             self.rows = []
 
 
-# ---------------------------------------------------------------------------- output -> results
-
-
-def line_result(obj: Any) -> Result | None:
-    """The result of one remote output or error line; None for a request the batch did not run
-    (``batch_expired`` / ``batch_cancelled``)."""
-    if not isinstance(obj, dict):
-        return _bad("the remote output line is not a JSON object")
-    response, error = obj.get("response"), obj.get("error")
-    if isinstance(response, dict) and isinstance(response.get("status_code"), int):
-        status, body = response["status_code"], response.get("body")
-        if 200 <= status < 300:
-            if not isinstance(body, dict):
-                result = _bad(f"HTTP {status} answer without a JSON object body", status)
-            else:
-                result = Result(status_code=status, body=body)
-        else:
-            result = http_error(status, json.dumps(body) if body is not None else None)
-        request_id = response.get("request_id")
-        result.request_id = request_id if isinstance(request_id, str) else None
-        return result
-    if isinstance(error, dict):
-        code = str(error.get("code") or ErrorCode.server_error.value)
-        if code in UNFINISHED_CODES:
-            return None
-        message = str(error.get("message") or "the remote batch reported an error")
-        return Result(status_code=None, body=None, error=item_error(code, message))
-    return _bad("the remote output line has neither a response nor an error")
-
-
-def _bad(message: str, status: int | None = None) -> Result:
-    result = failed(ErrorCode.bad_upstream_response, message)
-    if result.error is not None:
-        result.error.status_code = status
-    return result
-
-
-def _retryable(obj: Any) -> bool:
-    error = obj.get("error") if isinstance(obj, dict) else None
-    return isinstance(error, dict) and error.get("retryable") is True
-
-
-def _index(paths: list[Path]) -> dict[str, tuple[int, int]]:
-    """``custom_id`` -> (file number, byte offset) of its line; the first line wins."""
-    index: dict[str, tuple[int, int]] = {}
-    for n, path in enumerate(paths):
-        with path.open("rb") as f:
-            offset = 0
-            for raw in f:
-                try:
-                    cid = orjson.loads(raw).get("custom_id")
-                except (orjson.JSONDecodeError, AttributeError):
-                    cid = None
-                if isinstance(cid, str) and cid not in index:
-                    index[cid] = (n, offset)
-                offset += len(raw)
-    return index
-
-
-def collect(
-    store: Store,
-    job_id: str,
-    input_path: Path,
-    part: Part,
-    files: list[Path],
-    *,
-    complete: bool,
-    wire_id: Callable[[RequestLine], str] | None = None,
-    defer_retryable: bool = False,
-) -> int:
-    """Commit the results of a finished remote batch from its downloaded output and error
-    ``files``; return how many of its lines stay unfinished. With ``complete`` (the batch
-    ``completed``) a line without a result is a ``bad_upstream_response`` item; otherwise (an
-    expired or cancelled batch) it stays unfinished. ``wire_id``: the id a line was sent under
-    (default its ``custom_id``); ``defer_retryable``: an error line marked ``"retryable":
-    true`` stays unfinished (to be submitted again) instead of being committed."""
-    index = _index(files)
-    handles = [p.open("rb") for p in files]
-    sink = _Committer(store, job_id)
-    unfinished = 0
-    try:
-        for line in part_lines(store, job_id, input_path, part):
-            where = index.get(line.custom_id if wire_id is None else wire_id(line))
-            result: Result | None
-            if where is None:
-                result = (
-                    _bad("the remote batch completed without a result for this request")
-                    if complete
-                    else None
-                )
-            else:
-                f = handles[where[0]]
-                f.seek(where[1])
-                try:
-                    obj = orjson.loads(f.readline())
-                    result = None if defer_retryable and _retryable(obj) else line_result(obj)
-                except orjson.JSONDecodeError:
-                    result = _bad("the remote output line is not valid JSON")
-            if result is None:
-                unfinished += 1
-                continue
-            sink.add(line, result)
-        sink.flush()
-    finally:
-        for f in handles:
-            f.close()
-    return unfinished
-
-
-def fail_lines(
-    store: Store,
-    job_id: str,
-    input_path: Path,
-    part: Part,
-    errors: list[RemoteError],
-    *,
-    batch_id: str,
-    fill_rest: bool,
-) -> int:
-    """Commit a ``failed`` remote batch's validation errors to their lines (``line`` is 1-based
-    in the part's file). With ``fill_rest``, or when no error names a line, every other line fails
-    too (``batch_failed``, or the batch's own error). Returns how many lines stay unfinished."""
-    by_line = {e.line: e for e in errors if e.line is not None}
-    general = next((e for e in errors if e.line is None), None)
-    sink = _Committer(store, job_id)
-    unfinished = 0
-    for number, line in enumerate(part_lines(store, job_id, input_path, part), start=1):
-        err = by_line.get(number)
-        if err is not None:
-            code = err.code or ErrorCode.invalid_request.value
-            message = err.message or "the remote batch refused this line"
-            sink.add(line, Result(None, None, error=item_error(code, message, param=err.param)))
-        elif fill_rest or not by_line:
-            first = general or (errors[0] if errors else None)
-            code = general.code if general and general.code else ErrorCode.batch_failed.value
-            detail = f": {first.code}: {first.message}" if first else ""
-            message = f"the remote batch {batch_id} failed{detail}"
-            sink.add(line, Result(None, None, error=item_error(code, message)))
-        else:
-            unfinished += 1
-    sink.flush()
-    return unfinished
-
-
 def fail_part(
     store: Store, job_id: str, input_path: Path, part: Part, message: str, status: int | None
 ) -> None:
     """Every unfinished line of a part fails (its file could not be uploaded, its batch not
     created, polled or downloaded)."""
     code = ErrorCode.endpoint_unavailable if status is None else classify_http(status, message)
-    sink = _Committer(store, job_id)
+    sink = Committer(store, job_id)
     for line in part_lines(store, job_id, input_path, part):
         sink.add(line, failed(code, message, status_code=status))
     sink.flush()

@@ -1,10 +1,11 @@
-"""``BatchAPIProvider``: a remote OpenAI Batch API (``/v1/files`` + ``/v1/batches``) as a
-:class:`~batchclient.Provider`.
+"""``RemoteBatchProvider``: a provider's batch API (a :class:`~._backend.RemoteBatchBackend`) as
+a :class:`~batchclient.Provider`, one class for every backend.
 
-``BatchAPIBatchInference`` uses it for its connection, identity and model check, and runs whole
-calls and jobs as remote batches itself. :meth:`BatchAPIProvider.execute` runs one request as a
-one-line remote batch (not durable), for code that only knows the ``Provider`` interface; that is
-correct but slow, since each request waits for its own batch.
+The batch clients use it for the connection, identity, model check and options, and run whole
+calls and jobs as remote batches (:class:`~._execution.RemoteBatchExecution`).
+:meth:`RemoteBatchProvider.execute` runs one request as a one-request remote batch (not
+durable), for code that only knows the ``Provider`` interface: correct, but each request waits
+for its own batch.
 """
 
 from __future__ import annotations
@@ -12,111 +13,274 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
-import orjson
+from anyio import to_thread
 
+from .._core.client import BatchClient
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
-from .._routing.settings import RetryPolicy
+from .._core.tokens import Tokenizer, local_tokenizer
+from .._options import resolve
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
+from ..jobs import RequestLine, parse_window
 from ..types import Endpoint
-from ._api import ApiError, BatchAPI
+from ._anthropic import AnthropicBackend
+from ._backend import RemoteBatchBackend
+from ._collect import one_result
 from ._flavors import check_window
-from ._parts import batch_line, line_result
+from ._gemini import GeminiBackend
+from ._openai import OpenAIBackend
+from ._options import AnthropicBatchOptions, BatchAPIOptions, GeminiBatchOptions, RemoteBatchOptions
+from ._retry import ApiError, Retrier
+from ._runner import RunSettings
+
+__all__ = ["RemoteBatchProvider"]
+
+_DAY = 86400.0
 
 
-class BatchAPIProvider(Provider):
-    """A remote Batch API at ``base_url`` (the API root ending in ``/v1``). Arguments as
-    :class:`~batchclient.BatchAPIBatchInference`."""
+class RemoteBatchProvider(Provider):
+    """A provider's batch API as a :class:`~batchclient.Provider`: ``backend`` with its
+    resolved ``options`` (what every batch API takes, :class:`RemoteBatchOptions`) and the
+    ``retrier`` of its calls. Built by :meth:`batch_api`, :meth:`anthropic` or :meth:`gemini`
+    (or by name: ``make_provider("batch-api", ...)``).
 
-    endpoints: frozenset[Endpoint] = frozenset(Endpoint)
+    Attributes: ``settings`` (how its jobs poll, wait and resubmit), ``completion_window``
+    (the window of a call's remote batches), ``on_expired`` (the live provider of what they
+    did not run, or None)."""
 
     def __init__(
         self,
-        base_url: str,
-        api_key: str | None = None,
+        backend: RemoteBatchBackend,
+        options: RemoteBatchOptions,
+        retrier: Retrier,
         *,
-        poll_interval: float = 10.0,
-        completion_window: str = "24h",
-        max_retries: int = 8,
-        timeout: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
-        headers: dict[str, str] | None = None,
-        check_model: bool = True,
-        flavor: str | None = None,
+        completion_window: str,
+        check_model: bool = False,
+        tokenizer: str | None = None,
     ) -> None:
-        if poll_interval <= 0:
-            raise ConfigurationError("poll_interval must be > 0 seconds")
-        if max_retries < 0 or timeout <= 0:
-            raise ConfigurationError("max_retries must be >= 0 and timeout > 0 seconds")
-        self.api = BatchAPI(
-            base_url, api_key, headers=headers, timeout=timeout, max_retries=max_retries,
-            retry=retry, flavor=flavor,
-        )  # fmt: skip
-        self.flavor = self.api.flavor.name
-        check_window(self.api.flavor, completion_window, self.api.base_url)
-        self.base_url = self.api.display  # without userinfo or secret query values
-        self.poll_interval = poll_interval
+        self.backend = backend
+        self.options = options
+        """The options as resolved (every declared one, defaults filled in)."""
+        self.endpoints = backend.endpoints
+        self.retrier = retrier
         self.completion_window = completion_window
+        self.settings = RunSettings(
+            poll_interval_s=options["poll_interval_s"],
+            grace_s=options["expiry_grace_s"],
+            max_attempts=options["max_attempts"],
+        )
+        on_expired = options["on_expired"]
+        self.on_expired = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
         self._check_models = check_model
         self._known: set[str] = set()
+        self._tokenizer_dir = tokenizer
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    # ------------------------------------------------------------------ the three backends
+
+    @classmethod
+    def batch_api(
+        cls, base_url: str, *, api_key: str | None = None, **options: Unpack[BatchAPIOptions]
+    ) -> RemoteBatchProvider:
+        """An OpenAI-shaped Batch API at ``base_url`` (the API root ending in ``/v1``).
+        Arguments as :class:`~batchclient.BatchAPIBatchInference`."""
+        given = resolve(BatchAPIOptions, options, who="provider 'batch-api'")
+        retrier = _checked(given)
+        backend = OpenAIBackend(
+            base_url, api_key, flavor=given["flavor"], timeout_s=given["timeout_s"],
+            retrier=retrier, headers=given["headers"], max_lines=given["max_lines"],
+            max_bytes=given["max_bytes"],
+        )  # fmt: skip
+        window = given["completion_window"] or "24h"
+        check_window(backend.api.flavor, window, backend.api.base_url)
+        return cls(
+            backend, given, retrier, completion_window=window, check_model=given["check_model"],
+            tokenizer=given["tokenizer"],
+        )  # fmt: skip
+
+    @classmethod
+    def anthropic(
+        cls,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        **options: Unpack[AnthropicBatchOptions],
+    ) -> RemoteBatchProvider:
+        """Anthropic Message Batches (``base_url`` default ``$ANTHROPIC_BASE_URL`` or
+        ``https://api.anthropic.com``). Arguments as
+        :class:`~batchclient.AnthropicBatchInference`."""
+        given = resolve(AnthropicBatchOptions, options, who="provider 'anthropic-batch'")
+        retrier = _checked(given)
+        window = given["completion_window"] or "24h"
+        if _seconds(window) != _DAY:
+            raise ConfigurationError(
+                f"completion_window {window!r}: Anthropic Message Batches take only 24h"
+            )
+        backend = AnthropicBackend(
+            api_key, base_url, api_version=given["api_version"], max_tokens=given["max_tokens"],
+            timeout_s=given["timeout_s"], retrier=retrier, headers=given["headers"],
+            max_lines=given["max_lines"], max_bytes=given["max_bytes"],
+        )  # fmt: skip
+        return cls(backend, given, retrier, completion_window=window)
+
+    @classmethod
+    def gemini(
+        cls,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        **options: Unpack[GeminiBatchOptions],
+    ) -> RemoteBatchProvider:
+        """The Gemini Batch API (``base_url`` default
+        ``https://generativelanguage.googleapis.com``). Arguments as
+        :class:`~batchclient.GeminiBatchInference`."""
+        given = resolve(GeminiBatchOptions, options, who="provider 'gemini-batch'")
+        retrier = _checked(given)
+        window = given["completion_window"] or "48h"  # when Gemini expires a batch itself
+        _seconds(window)
+        backend = GeminiBackend(
+            api_key, base_url, timeout_s=given["timeout_s"], retrier=retrier,
+            headers=given["headers"], max_lines=given["max_lines"],
+            max_bytes=given["max_bytes"], inline_bytes=given["inline_bytes"],
+        )  # fmt: skip
+        return cls(backend, given, retrier, completion_window=window)
+
+    # ------------------------------------------------------------------ the Provider interface
+
+    @property
+    def base_url(self) -> str:
+        """The API root, without credentials."""
+        return self.backend.base_url
+
+    @property
+    def flavor(self) -> str | None:
+        """The OpenAI-shaped API's flavour (``openai``, ``together``, ...); None for the
+        others."""
+        flavor = getattr(self.backend, "flavor", None)
+        return flavor if isinstance(flavor, str) else None
 
     async def start(self) -> None:
-        await self.api.start()
+        await self.backend.start()
+        if self.on_expired is not None:
+            try:
+                await self.on_expired.start()
+            except BaseException:
+                await self.backend.stop()
+                raise
 
     async def stop(self) -> None:
-        await self.api.stop()
+        try:
+            await self.backend.stop()
+        finally:
+            if self.on_expired is not None:
+                await self.on_expired.stop()
 
     def identity(self) -> dict[str, Any]:
-        identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}
-        if self.flavor != "openai":  # the default stays out: earlier calls keep their keys
-            identity["flavor"] = self.flavor
-        return identity
+        return self.backend.identity()
 
     async def models(self) -> list[str]:
-        listed = await self.api.models()
-        return sorted(listed) if listed else []
+        return sorted(await self.backend.models() or ())
 
     async def check_model(self, model: str) -> None:
+        # an empty name is wrong on every batch API; a listed one is asked once, where asked
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigurationError(f"model must be a non-empty name, not {model!r}")
         if not self._check_models or model in self._known:
             return
-        listed = await self.api.models()
+        listed = await self.backend.models()
         if listed is not None and model not in listed:
             raise ModelNotFoundError(model, sorted(listed))
         self._known.add(model)
 
+    async def tokenizer_path(self, model: str) -> str | None:
+        return self._tokenizer_dir
+
+    async def tokenizer(self, model: str) -> Tokenizer:
+        """The local tokenizer folder given as ``tokenizer`` (a batch API has no tokenizer of
+        its own to ask), with ``model``'s context where the API lists it.
+
+        Raises:
+            ConfigurationError: no ``tokenizer`` was given, or this API cannot score (it
+                serves chat completions only).
+        """
+        if Endpoint.completions not in self.endpoints:
+            raise ConfigurationError(
+                f"{self.backend.name} cannot score: it serves {Endpoint.chat_completions.value} "
+                "only; scoring (log-likelihoods, lm-eval) needs /v1/completions, which "
+                "batch-api (an OpenAI-shaped Batch API, a batchclient serve), remote, vllm "
+                "and ray serve"
+            )
+        if self._tokenizer_dir is None:
+            raise ConfigurationError(
+                "scoring text needs the model's tokenizer: pass tokenizer=<local folder with "
+                "the model's tokenizer files> (or --tokenizer); or give the requests as token ids"
+            )
+        known = self._tokenizers.get(model)
+        if known is None:
+            limit = await self.backend.context_length(model)
+            known = await to_thread.run_sync(local_tokenizer, self._tokenizer_dir, limit)
+            self._tokenizers[model] = known
+        return known
+
     async def execute(self, request: Request) -> Result:
+        line = RequestLine(seq=0, line=1, custom_id="0", body=request.body)
+        endpoint = request.endpoint.value
+        data = self.backend.encode(line, endpoint)
+        if isinstance(data, Result):
+            return data
         fd, name = tempfile.mkstemp(prefix="batchclient-", suffix=".jsonl")
         path = Path(name)
+        dest = path.with_suffix(".results")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(batch_line("0", request.endpoint.value, request.body))
-            return await self._one(path, request.endpoint.value)
+                f.write(data)
+            return await self._one(path, dest, endpoint, self.backend.wire_id(line))
         except ApiError as exc:
             code = ErrorCode.endpoint_unavailable if exc.status is None else ErrorCode.server_error
             return failed(code, str(exc), status_code=exc.status)
         finally:
             await anyio.Path(path).unlink(missing_ok=True)
+            await anyio.Path(dest).unlink(missing_ok=True)
 
-    async def _one(self, path: Path, endpoint: str) -> Result:
-        file_id = await self.api.upload(path, "request.jsonl")
-        batch = await self.api.create(file_id, endpoint, self.completion_window, {})
-        while not batch.terminal:
-            await anyio.sleep(self.poll_interval)
-            batch = await self.api.retrieve(batch.id, retries=-1)
-        for result_file in (batch.output_file_id, batch.error_file_id):
-            if not result_file:
-                continue
-            await self.api.download(result_file, path)
-            text = await anyio.Path(path).read_text()
-            for line in text.splitlines():
-                try:
-                    result = line_result(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    return failed(ErrorCode.bad_upstream_response, "output line is not JSON")
-                if result is not None:
-                    return result
-        code = ErrorCode.batch_expired if batch.status == "expired" else ErrorCode.batch_failed
-        return failed(code, f"the remote batch {batch.id} ended {batch.status} without a result")
+    async def _one(self, path: Path, dest: Path, endpoint: str, wire: str) -> Result:
+        backend = self.backend
+        upload = await self.retrier.call(lambda: backend.upload(path, 1, {}))
+        # one attempt: a create is not idempotent, and nothing records this one to look for
+        remote_id = await backend.submit(upload, path, endpoint, self.completion_window, {})
+        while True:
+            state = await self.retrier.call(lambda: backend.poll(remote_id), forever=True)
+            if state.ended:
+                break
+            await anyio.sleep(self.settings.poll_interval_s)
+        await self.retrier.call(lambda: backend.results(remote_id, dest))
+        result = await to_thread.run_sync(one_result, dest, wire)
+        if result is not None:
+            return result
+        code = ErrorCode.batch_expired if state.partial else ErrorCode.bad_upstream_response
+        return failed(code, f"the remote batch {remote_id} ended without running the request")
+
+
+def _seconds(window: str) -> float:
+    try:
+        return parse_window(window)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+def _checked(options: RemoteBatchOptions) -> Retrier:
+    """Refuse values no batch API takes; the retrier of the provider's calls."""
+    if options["poll_interval_s"] <= 0 or options["timeout_s"] <= 0:
+        raise ConfigurationError("poll_interval_s and timeout_s must be > 0 seconds")
+    if options["max_retries"] < 0 or options["expiry_grace_s"] < 0:
+        raise ConfigurationError("max_retries and expiry_grace_s must be >= 0")
+    if options["max_attempts"] < 1:
+        raise ConfigurationError("max_attempts must be >= 1")
+    lines, size = options["max_lines"], options["max_bytes"]
+    if (lines is not None and lines < 1) or (size is not None and size < 1024):
+        raise ConfigurationError("max_lines must be >= 1 and max_bytes >= 1024")
+    if options["completion_window"] is not None:
+        _seconds(options["completion_window"])
+    return Retrier(options["max_retries"], options["retry"])

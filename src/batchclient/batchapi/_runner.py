@@ -1,19 +1,25 @@
-"""How a local job runs on a remote Batch API: split, upload, create, poll, collect.
+"""How a local job runs on a remote batch API (a :class:`~._backend.RemoteBatchBackend`): split,
+upload, create, poll, collect, resubmit. One runner for every backend.
 
 The local job (a ``jobs`` row over a file in the state directory) owns its remote batches: each
 is a ``remote_parts`` row, written before the remote call that gives it an id and updated right
 after, so a client that died at any point picks up where it was on the next ``async with``:
 
-- ``planned`` -> the part's file is written again from the input and uploaded;
-- ``uploaded`` -> the remote batch list is searched for a batch over that file carrying the
-  part's metadata (``batchclient_job``, ``batchclient_part``) before one is created: a create
-  whose answer was lost is never repeated;
-- ``submitted`` -> polled again; ``collected`` -> nothing to do.
+- ``planned`` -> the part's file is written (again, after a crash) through the backend's
+  ``encode`` and uploaded where the backend needs that (``input_file_id``) -> ``uploaded``;
+- ``uploaded`` -> ``sent_at`` is recorded before the first create goes out; a part that has one
+  (its create may have been made and its answer lost) looks for its batch (``find``) before it
+  creates one, as does every retry after a failure that may have created it;
+- ``submitted`` -> polled (failures back off, ``Retry-After`` first, without limit) until it
+  ended; then its results are committed -> ``collected``.
 
-Remote outcomes: ``completed``, ``expired`` and ``cancelled`` batches are downloaded and their
-lines committed (an expired or cancelled batch's unrun lines stay unfinished: re-run live with
-``on_expired``, else ``batch_expired`` / ``batch_cancelled``); a ``failed`` batch's validation
-errors go to their lines, and its other lines are submitted once more in a new batch.
+Resubmission, one policy for every backend: a request its batch did not run (expired), or that
+failed in a way a later batch may not (429, 5xx, overloaded, a batch that failed without naming
+it), stays unfinished and goes, in a new part over the same input range, into a new remote
+batch, until ``max_attempts`` batches have carried it. What was answered, or failed for good (a
+validation error naming the request), is never sent again; a batch someone else cancelled is
+not resubmitted (the job ends ``cancelled``). What is still not run when attempts run out is
+re-run live by ``on_expired``, else ``batch_expired``.
 """
 
 from __future__ import annotations
@@ -30,21 +36,10 @@ from anyio import to_thread
 
 from .._core.provider import Provider
 from ..jobs import JobRow, RunningJob, Store, finalize, run_unfinished, validate_job
-from ..types import BatchStatus
-from ._api import ApiError, BatchAPI, RemoteBatch
-from ._parts import (
-    Encoder,
-    Limits,
-    LineCursor,
-    Part,
-    RemoteIds,
-    collect,
-    fail_lines,
-    fail_part,
-    openai_line,
-    rewrite_part,
-    write_part,
-)
+from ._backend import RemoteBatchBackend, RemoteState
+from ._collect import collect
+from ._parts import LineCursor, Part, RemoteIds, fail_part, part_lines, rewrite_part, write_part
+from ._retry import ApiError, Retrier
 
 JOB_MARK = "batchclient_job"
 PART_MARK = "batchclient_part"
@@ -52,14 +47,14 @@ PART_MARK = "batchclient_part"
 
 @dataclass(frozen=True)
 class RunSettings:
-    """``limits``: split limits; ``poll_interval_s``: seconds between two polls of a remote
-    batch; ``grace_s``: how long past the local job's ``expires_at`` the remote batches are
-    waited for before they are cancelled and the job expires (remote batches are created a
-    little after the local job, so they expire a little later)."""
+    """``poll_interval_s``: seconds between two polls of a remote batch; ``grace_s``: how long
+    past the local job's ``expires_at`` its remote batches are waited for before they are
+    cancelled and the job expires; ``max_attempts``: the most remote batches one request is
+    sent in."""
 
-    limits: Limits
     poll_interval_s: float
     grace_s: float = 600.0
+    max_attempts: int = 3
 
 
 class _Job:
@@ -80,30 +75,40 @@ class _Job:
         token = secrets.token_hex(4)
         return self.store.files_dir / f".{kind}-{self.id}-{part}-{token}.jsonl"
 
+    def marks(self, part: Part) -> dict[str, str]:
+        """What labels the part's remote batch (where the provider keeps labels)."""
+        return {JOB_MARK: self.id, PART_MARK: str(part.part)}
+
     async def update(self, part: Part, **fields: Any) -> None:
         for key, value in fields.items():
             setattr(part, key, value)
         await to_thread.run_sync(lambda: self.ids.update_part(self.id, part.part, **fields))
 
+    async def add(self, first_seq: int, count: int, attempt: int) -> Part:
+        part = Part(self.id, self.next_part, first_seq, count, attempt=attempt)
+        self.next_part += 1
+        await to_thread.run_sync(self.ids.add_part, self.id, part.part, first_seq, count, attempt)
+        return part
+
 
 class RemoteRunner:
-    """The job runner of a ``BatchAPIBatchInference``: runs (or resumes) one local job on the
-    remote API. ``provider`` checks the model at validation; ``on_expired`` (a provider, or
-    None) re-runs the lines a remote batch did not run before it expired."""
+    """The job runner of a client over a remote batch API: runs (or resumes) one local job on
+    ``backend``, each call retried by ``retrier``. ``provider`` checks the model at
+    validation; ``on_expired`` (a provider, or None) runs what the remote batches did not."""
 
     def __init__(
         self,
-        api: BatchAPI,
+        backend: RemoteBatchBackend,
         provider: Provider,
+        retrier: Retrier,
         settings: RunSettings,
         on_expired: Provider | None = None,
     ) -> None:
-        self.api = api
+        self.backend = backend
         self.provider = provider
+        self.retrier = retrier
         self.settings = settings
         self.on_expired = on_expired
-        self.encoder: Encoder = openai_line
-        """How an input line becomes a line of a part's file."""
 
     async def __call__(self, store: Store, running: RunningJob) -> None:
         job_id = running.job_id
@@ -159,20 +164,15 @@ class RemoteRunner:
         cursor = await to_thread.run_sync(LineCursor, job.input, start)
         try:
             while True:
-                number = job.next_part
-                path = job.tmp("part", number)
+                path = job.tmp("part", job.next_part)
                 plan = await to_thread.run_sync(
-                    write_part, cursor, job.store, job.id, job.endpoint, self.settings.limits,
-                    path, self.encoder,
+                    write_part, cursor, job.store, job.id, job.endpoint, self.backend.limits,
+                    path, self.backend.encode,
                 )  # fmt: skip
                 if plan is None:
                     await anyio.Path(path).unlink(missing_ok=True)
                     return
-                job.next_part += 1
-                part = Part(job.id, number, plan.first_seq, plan.count)
-                await to_thread.run_sync(
-                    job.ids.add_part, job.id, number, plan.first_seq, plan.count, 1
-                )
+                part = await job.add(plan.first_seq, plan.count, 1)
                 if plan.lines == 0:  # everything in range already finished
                     await anyio.Path(path).unlink(missing_ok=True)
                     await job.update(part, state="collected")
@@ -182,7 +182,7 @@ class RemoteRunner:
             cursor.close()
 
     async def _drive(self, job: _Job, part: Part, path: Path | None) -> None:
-        """Take one part (and its resubmission, if any) to ``collected``."""
+        """Take one part (and its resubmissions) to ``collected``."""
         current: Part | None = part
         while current is not None:
             this = current
@@ -200,101 +200,101 @@ class RemoteRunner:
                 path = None
 
     async def _drive_once(self, job: _Job, part: Part, path: Path | None) -> Part | None:
-        resumed = part.state == "uploaded"
-        if part.state == "planned":
-            if path is None or not await anyio.Path(path).exists():
-                path = job.tmp("part", part.part)
-                await to_thread.run_sync(
-                    rewrite_part, job.store, job.id, job.input, part, job.endpoint, path
-                )
-            file_id = await self.api.upload(path, f"{job.id}-part{part.part}.jsonl")
-            await job.update(part, state="uploaded", input_file_id=file_id)
-        if part.state == "uploaded":
-            batch = await self._submit(job, part, search_first=resumed)
-            await job.update(
-                part, state="submitted", batch_id=batch.id, remote_status=batch.status.value
-            )
-        batch = await self._wait(job, part)
-        return await self._collect(job, part, batch)
-
-    def _marks(self, job: _Job, part: Part) -> dict[str, str]:
-        return {JOB_MARK: job.id, PART_MARK: str(part.part)}
-
-    async def _submit(self, job: _Job, part: Part, *, search_first: bool) -> RemoteBatch:
-        """Create the part's remote batch, at most once: after a failure that may have created
-        it (no answer, or a 5xx), look for it before trying again."""
-        assert part.input_file_id is not None
-        marks = self._marks(job, part)
-        search, attempt = search_first, 0
-        while True:
-            if search:
-                found = await self.api.find(part.input_file_id, marks)
-                if found is not None:
-                    return found
+        if part.state in ("planned", "uploaded"):
+            written = path is not None and await anyio.Path(path).exists()
+            file = path if written and path is not None else job.tmp("part", part.part)
             try:
-                return await self.api.create(part.input_file_id, job.endpoint, job.window, marks)
-            except ApiError as exc:
-                if not exc.transient or attempt >= self.api.max_retries:
-                    raise
-                search = exc.status != 429  # a 429 created nothing
-                await anyio.sleep(self.api.backoff(attempt, exc.retry_after_s))
-                attempt += 1
+                if written:
+                    lines = await to_thread.run_sync(_count_lines, file)
+                else:  # after a crash, or a resubmission: what is left of its range
+                    lines = await to_thread.run_sync(
+                        rewrite_part, job.store, job.id, job.input, part, job.endpoint, file,
+                        self.backend.encode, self.backend.limits.max_bytes,
+                    )  # fmt: skip
+                if lines == 0:  # everything in its range finished (or was refused) meanwhile
+                    await job.update(part, state="collected")
+                    return None
+                if part.state == "planned":
+                    marks, upload = job.marks(part), self.backend.upload
+                    uploaded = await self.retrier.call(lambda: upload(file, lines, marks))
+                    await job.update(part, state="uploaded", input_file_id=uploaded)
+                remote_id = await self._submit(job, part, file, lines)
+            finally:
+                if not written:
+                    await anyio.Path(file).unlink(missing_ok=True)
+            await job.update(
+                part, state="submitted", batch_id=remote_id, remote_status="in_progress"
+            )
+        state = await self._wait(job, part)
+        return await self._collect(job, part, state)
 
-    async def _wait(self, job: _Job, part: Part) -> RemoteBatch:
-        """Poll until the remote batch is terminal, recording its request counts. Polling
-        failures back off (``Retry-After`` first) without limit: the remote batch runs on."""
+    async def _submit(self, job: _Job, part: Part, path: Path, lines: int) -> str:
+        """Create the part's remote batch, at most once: after a failure that may have created
+        it (no answer, a 5xx) or a crash after its create went out, look for it first."""
+        marks = job.marks(part)
+        search = part.sent_at is not None
+        if part.sent_at is None:
+            await job.update(part, sent_at=time.time())
+        assert part.sent_at is not None
+        since = part.sent_at
+        async for attempt in self.retrier.attempts():
+            with attempt:
+                if search:
+                    found = await self.backend.find(part.input_file_id, marks, lines, since)
+                    if found is not None:
+                        return found
+                try:
+                    return await self.backend.submit(
+                        part.input_file_id, path, job.endpoint, job.window, marks
+                    )
+                except ApiError as exc:
+                    search = exc.status != 429  # a 429 created nothing
+                    raise
+        raise AssertionError("unreachable: tenacity either returns or reraises")
+
+    async def _wait(self, job: _Job, part: Part) -> RemoteState:
+        """Poll until the remote batch ended, recording its request counts. Polls back off
+        (``Retry-After`` first) without limit: the remote batch runs on."""
         assert part.batch_id is not None
+        batch_id, poll = part.batch_id, self.backend.poll
         while True:
-            batch = await self.api.retrieve(part.batch_id, retries=-1)
-            counts = batch.request_counts
-            done = (counts.completed, counts.failed) if counts else (0, 0)
-            if (part.completed, part.failed, part.remote_status) != (*done, batch.status.value):
+            state = await self.retrier.call(lambda: poll(batch_id), forever=True)
+            seen = (state.completed, state.failed, state.status)
+            if (part.completed, part.failed, part.remote_status) != seen:
                 await job.update(
-                    part, completed=done[0], failed=done[1], remote_status=batch.status.value
-                )
-            if batch.terminal:
-                return batch
+                    part, completed=state.completed, failed=state.failed,
+                    remote_status=state.status,
+                )  # fmt: skip
+            if state.ended:
+                return state
             await anyio.sleep(self.settings.poll_interval_s)
 
-    async def _collect(self, job: _Job, part: Part, batch: RemoteBatch) -> Part | None:
-        """Commit a terminal batch's lines; return the part to submit next (a failed batch's
-        valid lines), if any."""
-        store = job.store
-        if batch.status == BatchStatus.failed:
-            errors = batch.errors.data if batch.errors else []
-            retry = part.attempt == 1 and any(e.line is not None for e in errors)
-            left = await to_thread.run_sync(
-                lambda: fail_lines(
-                    store, job.id, job.input, part, errors, batch_id=batch.id, fill_rest=not retry
-                )
-            )
-            await job.update(part, state="collected")
-            if not left:
-                return None
-            again = Part(job.id, job.next_part, part.first_seq, part.count, attempt=2)
-            job.next_part += 1
-            await to_thread.run_sync(
-                job.ids.add_part, job.id, again.part, again.first_seq, again.count, 2
-            )
-            return again
-        files: list[Path] = []
+    async def _collect(self, job: _Job, part: Part, state: RemoteState) -> Part | None:
+        """Commit an ended batch's results; return the part that carries what is left to
+        resubmit, if anything is and attempts are left."""
+        assert part.batch_id is not None
+        batch_id, results = part.batch_id, self.backend.results
+        again = (
+            part.attempt < self.settings.max_attempts and not job.stopping and not state.cancelled
+        )
+        dest = job.tmp("download", part.part)
         try:
-            for file_id in (batch.output_file_id, batch.error_file_id):
-                if file_id:
-                    dest = job.tmp("download", part.part)
-                    files.append(dest)
-                    await self.api.download(file_id, dest)
-            complete = batch.status == BatchStatus.completed
-            await to_thread.run_sync(
-                lambda: collect(store, job.id, job.input, part, files, complete=complete)
-            )
+            await self.retrier.call(lambda: results(batch_id, dest))
+            store, wire_id = job.store, self.backend.wire_id
+            left = await to_thread.run_sync(
+                lambda: collect(
+                    store, job.id, job.input, part, [dest], wire_id=wire_id,
+                    complete=not state.partial, resubmit=again,
+                )
+            )  # fmt: skip
         finally:
-            for f in files:
-                await anyio.Path(f).unlink(missing_ok=True)
-        if batch.status == BatchStatus.cancelled and not job.stopping:
+            await anyio.Path(dest).unlink(missing_ok=True)
+        if state.cancelled and not job.stopping:
             job.remote_cancelled = True
         await job.update(part, state="collected")
-        return None
+        if not left or not again:
+            return None
+        return await job.add(part.first_seq, part.count, part.attempt + 1)
 
     # ------------------------------------------------------------------ cancel / stop
 
@@ -308,22 +308,36 @@ class RemoteRunner:
                 tg.start_soon(self._stop_one, job, part)
 
     async def _stop_one(self, job: _Job, part: Part) -> None:
-        if part.state == "uploaded":
-            assert part.input_file_id is not None
-            with contextlib.suppress(ApiError):
-                found = await self.api.find(part.input_file_id, self._marks(job, part))
-                if found is None:
-                    await job.update(part, state="collected")
-                    return
-                await job.update(part, state="submitted", batch_id=found.id)
+        if part.state == "uploaded":  # a create may have gone out: find it, or there is none
+            found = None
+            if part.sent_at is not None:
+                store = job.store
+                lines = await to_thread.run_sync(
+                    lambda: sum(1 for _ in part_lines(store, job.id, job.input, part))
+                )
+                with contextlib.suppress(ApiError):
+                    found = await self.backend.find(
+                        part.input_file_id, job.marks(part), lines, part.sent_at
+                    )
+            if found is None:
+                await job.update(part, state="collected")
+                return
+            await job.update(part, state="submitted", batch_id=found)
         assert part.batch_id is not None
-        with contextlib.suppress(ApiError):  # a batch that already finished refuses (409)
-            await self.api.cancel(part.batch_id)
+        batch_id, cancel = part.batch_id, self.backend.cancel
+        if part.remote_status != "ended":  # an ended batch is only collected (again)
+            with contextlib.suppress(ApiError):  # one that ended meanwhile may refuse
+                await self.retrier.call(lambda: cancel(batch_id))
         try:
-            batch = await self._wait(job, part)
-            await self._collect(job, part, batch)
+            state = await self._wait(job, part)
+            await self._collect(job, part, state)
         except ApiError as exc:
             await to_thread.run_sync(
                 fail_part, job.store, job.id, job.input, part, str(exc), exc.status
             )
             await job.update(part, state="collected")
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)

@@ -3,6 +3,7 @@ command's options; everything after ``--`` goes to lm-eval unchanged (guide: ``d
 
     batchclient lm-eval --provider remote --base-url URL --model NAME [--tokenizer DIR] \\
         -- --tasks TASKS [--include_path DIR] [--limit N] [--apply_chat_template] ...
+    batchclient lm-eval --provider batch-api --base-url URL --model NAME --tokenizer DIR -- ...
     batchclient lm-eval --provider vllm [--model DIR] [--engine-arg KEY=VALUE ...] -- ...
 """
 
@@ -23,16 +24,17 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(registry.PROVIDERS),
         default="vllm",
         help="vllm: an engine in this process (default); remote: an OpenAI-compatible server; "
-        "ray: engine replicas on Ray; batch-api: a remote Batch API; anthropic-batch, "
+        "ray: engine replicas on Ray; batch-api: a remote Batch API (--tokenizer to score "
+        "text); anthropic-batch, "
         "gemini-batch: refused (chat only; lm-eval's requests need /v1/completions)",
     )
     p.add_argument(
         "--model",
         default=None,
-        help="remote: the served model name (required); vllm: model folder or hub id "
+        help="remote, batch-api: the served model name (required); vllm: model folder or hub id "
         "(default: the bundled SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--base-url", help="remote: API root ending in /v1")
+    p.add_argument("--base-url", help="remote, batch-api: API root ending in /v1")
     p.add_argument(
         "--api-key",
         default=os.environ.get("OPENAI_API_KEY"),
@@ -41,8 +43,9 @@ def add_lm_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="remote: local folder with the model's tokenizer files (chat templates need it; "
-        "without it scoring uses the server's /tokenize)",
+        help="remote, batch-api: local folder with the model's tokenizer files (chat templates "
+        "need it; remote without it scores through the server's /tokenize; batch-api needs it "
+        "to score text)",
     )
     p.add_argument(
         "--no-cache",

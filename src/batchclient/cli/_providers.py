@@ -14,7 +14,7 @@ import argparse
 import inspect
 import json
 import os
-from typing import Any, TypedDict
+from typing import Any
 
 from .. import _registry as registry
 from .._core.client import BatchClient
@@ -22,7 +22,6 @@ from .._core.provider import Provider
 from .._options import Flags, add_flags, flag_values, specs
 from ..batchapi import flavor_of
 from ..errors import ConfigurationError
-from ._batch_shim import options_for, stand_in
 
 __all__ = [
     "add_option_flags",
@@ -43,10 +42,6 @@ OPTIONS_GROUP = (
 )
 
 
-class _NoOptions(TypedDict, total=False):
-    pass
-
-
 def entries(*, batch_api: bool) -> list[registry.ProviderEntry]:
     """The registry's entries a command offers: all, or (``batch_api`` False) those that run
     one request at a time (the batch providers run whole files: ``run`` only)."""
@@ -60,7 +55,7 @@ def add_option_flags(
     of its own), in a group of their own; the flags are kept in the namespace for
     :func:`given_options`."""
     group = p.add_argument_group(*OPTIONS_GROUP)
-    pairs = [(e.name, t) for e in offered if (t := stand_in(e)) is not None]
+    pairs = [(e.name, e.options) for e in offered]
     names = {n for _, t in pairs for n in specs(t)} - own
     flags = add_flags(group, pairs, only=names)
     p.set_defaults(provider_flags=flags)
@@ -70,8 +65,7 @@ def add_option_flags(
 def given_options(args: argparse.Namespace, entry: registry.ProviderEntry) -> dict[str, Any]:
     """The options the flags give ``entry`` (only those given), under its option names.
     Raises ``ConfigurationError`` for a flag it does not take."""
-    options = stand_in(entry) or _NoOptions
-    return options_for(entry, flag_values(args, entry.name, options, args.provider_flags))
+    return flag_values(args, entry.name, entry.options, args.provider_flags)
 
 
 def add_provider_arguments(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,7 +26,7 @@ import orjson
 
 from .._core.decode import http_error
 from .._core.request import item_error
-from .._core.tokens import HFTokenizer, Tokenizer, TokenizerInfo
+from .._core.tokens import Tokenizer, TokenizerInfo, local_tokenizer
 from .._routing.dispatch import Replica
 from ..errors import ConfigurationError, ErrorCode
 from ..types import BatchItemError
@@ -40,24 +39,6 @@ NO_TOKENIZER = (
     "tokenizer files> (or --tokenizer), or use a server with a /tokenize route (vLLM); or give "
     "the requests as token ids"
 )
-
-
-def local_tokenizer(path: str | os.PathLike[str], max_model_len: int | None) -> HFTokenizer:
-    """The Hugging Face tokenizer in ``path`` (a local folder; never a hub download)."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ConfigurationError(f"tokenizer={str(path)!r} is not a folder")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"tokenizer= needs the transformers package (pip install transformers): {exc}"
-        ) from exc
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"cannot load a tokenizer from {folder}: {exc}") from exc
-    return HFTokenizer(tokenizer, max_model_len)
 
 
 class ServerTokenizer(Tokenizer):

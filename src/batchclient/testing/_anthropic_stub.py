@@ -14,7 +14,8 @@ Each request is answered with an echo ``Message`` (a ``tool_use`` block when the
 tools and its text says ``call a tool``). Faults on demand: errored items (``invalid_request``
 final, ``overloaded`` for their first N sightings), batches that end with some items expired,
 answers to the first creates or polls (429 with ``Retry-After``, 5xx), creates whose answer is
-lost after the batch was made, and batches stuck in progress until cancelled.
+lost after the batch was made, batches stuck in progress until cancelled, and malformed
+results.
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ class AnthropicBatchStub(LoopbackApp):
             is made or read): ``StubReply(status=429, headers={"Retry-After": "1"})``.
         lose_creates: the first N creates make the batch, then answer 500.
         api_key: when set, every call needs it (``x-api-key`` or ``Authorization: Bearer``).
+        create_delay_s: seconds a create waits, the batch already made, before it answers.
+        results_delay_s: seconds a results download waits before it answers.
+        malformed: requests whose text contains a key get a malformed result of that kind:
+            ``content`` (the message's content an integer), ``usage`` (an output token count
+            of 2**70) or ``result`` (a result that is not an object).
     """
 
     _name = "anthropic-stub"
@@ -109,8 +115,14 @@ class AnthropicBatchStub(LoopbackApp):
         lose_creates: int = 0,
         api_key: str | None = None,
         seed: int = 0,
+        malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        results_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
+        self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.results_delay_s = results_delay_s
         self.process_s = process_s
         self.error_match = error_match
         self.overload_match = overload_match
@@ -194,6 +206,8 @@ class AnthropicBatchStub(LoopbackApp):
         self.stats.bytes_in += len(raw)
         self.stats.requests += len(requests)
         self.seen_params.extend(r["params"] for r in requests)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(500, "api_error", "the answer was lost")
@@ -240,6 +254,8 @@ class AnthropicBatchStub(LoopbackApp):
         if batch is None or not self._ended(batch):
             return _error(404, "not_found_error", "no results yet")
         self.stats.results += 1
+        if self.results_delay_s:
+            await self._hold(self.results_delay_s)
         lines = self._finish(batch)
         shuffled = list(lines)
         self._rng.shuffle(shuffled)  # "not guaranteed to be in the same order as requests"
@@ -283,6 +299,13 @@ class AnthropicBatchStub(LoopbackApp):
         else:
             self.seen[text] += 1
             result = {"type": "succeeded", "message": _message(params, text)}
+        kind = next((k for m, k in self.malformed.items() if m in text), None)
+        if kind == "content" and result.get("type") == "succeeded":
+            result["message"]["content"] = 7
+        elif kind == "usage" and result.get("type") == "succeeded":
+            result["message"]["usage"]["output_tokens"] = 2**70
+        elif kind == "result":
+            result = 5  # type: ignore[assignment]
         line = {"custom_id": request["custom_id"], "result": result}
         return json.dumps(line).encode() + b"\n"
 
@@ -293,7 +316,8 @@ class AnthropicBatchStub(LoopbackApp):
         if ended:
             counts["processing"] = 0
             for line in self._finish(batch):
-                counts[str(json.loads(line)["result"]["type"])] += 1
+                result = json.loads(line)["result"]
+                counts[str(result["type"]) if isinstance(result, dict) else "errored"] += 1
         return {
             "id": batch.id,
             "type": "message_batch",

@@ -4,8 +4,8 @@ It runs batches for real (uploaded files are parsed line by line, each line answ
 echo stub's completion, output and error files written and served), and misbehaves on demand:
 validation failures naming lines, HTTP errors on lines, batches that expire part-way with
 partial output, lines missing from a completed batch's output, 5xx / 429 (with ``Retry-After``)
-on polling, and creates whose answer is lost after the batch was created. Formats follow the
-OpenAI Batch API reference (Batch object, output / error lines).
+on polling, creates whose answer is lost after the batch was created, and malformed output
+lines. Formats follow the OpenAI Batch API reference (Batch object, output / error lines).
 
 ``flavor="together" | "groq" | "mistral"`` speaks that provider's variant instead (what its
 reference documents; ``docs/batch-api.md``): Together's upper-case statuses, ISO-8601
@@ -83,6 +83,14 @@ class BatchAPIStub(LoopbackApp):
         odd_status: a status word no reference lists, reported instead of the running state
             by the first ``odd_polls`` polls of each batch (which does not finish before they
             are answered, however slowly the client polls).
+        create_delay_s: seconds a create waits, the batch already made, before it answers
+            (a client killed meanwhile sent a create whose answer it never saw).
+        download_delay_s: seconds a file download waits before it answers (a client killed
+            meanwhile was collecting).
+        malformed: lines containing a key get a malformed output line of that kind:
+            ``object`` (a JSON array), ``custom_id`` (no ``custom_id``), ``body`` (a body that
+            is not a JSON object), ``usage`` (a token count of 2**70) or ``json`` (a line that
+            is not JSON).
     """
 
     _name = "batch-stub"
@@ -103,8 +111,14 @@ class BatchAPIStub(LoopbackApp):
         page_cap: int | None = None,
         odd_status: str | None = None,
         odd_polls: int = 0,
+        malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        download_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
+        self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.download_delay_s = download_delay_s
         if flavor not in ("openai", "together", "groq", "mistral"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor = flavor
@@ -194,6 +208,8 @@ class BatchAPIStub(LoopbackApp):
             return _error(404, f"no file {file_id}", "not_found")
         self.stats.downloads += 1
         self.calls.append("download")
+        if self.download_delay_s:
+            await self._hold(self.download_delay_s)
         return web.FileResponse(self._dir / file_id)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -228,6 +244,8 @@ class BatchAPIStub(LoopbackApp):
         task = asyncio.get_running_loop().create_task(self._process(self.batches[batch_id]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(502, "bad gateway (the batch was created)", "server_error")
@@ -343,7 +361,7 @@ class BatchAPIStub(LoopbackApp):
         data.update(status="in_progress", in_progress_at=int(time.time()))
         counts = data["request_counts"]
         counts["total"] = len(batch.lines)
-        out: list[dict[str, Any]] = []
+        out: list[Any] = []
         err: list[dict[str, Any]] = []
         final = "completed"
         for n, line in enumerate(batch.lines):
@@ -368,7 +386,7 @@ class BatchAPIStub(LoopbackApp):
                 counts["failed"] += 1
                 continue
             response = {"status_code": 200, "body": completion_body(line.get("body") or {})}
-            out.append(_line(line, response, None))
+            out.append(_malformed(_line(line, response, None), self.malformed, text))
             counts["completed"] += 1
         # the odd polls are answered before the batch ends (counted in _render: no event to wait on)
         while self.odd_status and data.get("_polls", 0) < self.odd_polls and not batch.cancel:  # noqa: ASYNC110
@@ -377,7 +395,7 @@ class BatchAPIStub(LoopbackApp):
         for kind, lines in (("output", out), ("error", err)):
             if lines:
                 file_id = f"file-{secrets.token_hex(8)}"
-                text = "".join(json.dumps(x) + "\n" for x in lines)
+                text = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
                 (self._dir / file_id).write_text(text)
                 self.files[file_id] = {"id": file_id, "purpose": "batch_output"}
                 data[f"{kind}_file_id"] = file_id
@@ -403,6 +421,22 @@ def _line(
         "response": response,
         "error": error,
     }
+
+
+def _malformed(line: dict[str, Any], kinds: dict[str, str], text: str) -> Any:
+    """``line`` as the malformed kind its text asks for (``kinds``), else as it is."""
+    kind = next((k for m, k in kinds.items() if m in text), None)
+    if kind == "object":
+        return [line["custom_id"]]
+    if kind == "custom_id":
+        return {k: v for k, v in line.items() if k != "custom_id"}
+    if kind == "body":
+        line["response"]["body"] = "{not json"
+    if kind == "usage":
+        line["response"]["body"]["usage"]["completion_tokens"] = 2**70
+    if kind == "json":
+        return json.dumps(line)[:-7]  # torn: not JSON
+    return line
 
 
 _MISTRAL_STATES = {

@@ -18,7 +18,7 @@ Requests are answered with an echo of the last user text (``candidates``, ``usag
 per-request errors are ``google.rpc.Status`` objects (gRPC ``code``). Faults on demand: results
 out of order, refused items, items that fail once with a retryable error, batches that expire
 after N items with partial results, batches stuck running, 429 / 5xx on create and polling,
-and creates whose answer is lost after the batch was made.
+creates whose answer is lost after the batch was made, and malformed answers.
 """
 
 from __future__ import annotations
@@ -89,6 +89,11 @@ class GeminiBatchStub(LoopbackApp):
             order, instead of the real one (a create fault creates nothing).
         lose_creates: the first N creates make the batch, then answer 502.
         api_key: when set, every call needs ``x-goog-api-key: <api_key>`` (else 401).
+        create_delay_s: seconds a create waits, the batch already made, before it answers.
+        download_delay_s: seconds a file download waits before it answers.
+        malformed: requests whose text contains a key get a malformed answer of that kind:
+            ``response`` (not an object), ``candidates`` (an integer) or ``usage`` (a token
+            count of 2**70).
     """
 
     _name = "gemini-stub"
@@ -106,8 +111,14 @@ class GeminiBatchStub(LoopbackApp):
         poll_faults: list[StubReply] | None = None,
         lose_creates: int = 0,
         api_key: str | None = None,
+        malformed: dict[str, str] | None = None,
+        create_delay_s: float = 0.0,
+        download_delay_s: float = 0.0,
     ) -> None:
         super().__init__()
+        self.malformed = dict(malformed or {})
+        self.create_delay_s = create_delay_s
+        self.download_delay_s = download_delay_s
         self.item_delay_s = item_delay_s
         self.shuffle = shuffle
         self.refuse_match = refuse_match
@@ -199,6 +210,8 @@ class GeminiBatchStub(LoopbackApp):
             return _error(404, "no such file", "NOT_FOUND")
         self.stats.downloads += 1
         self.calls.append("download")
+        if self.download_delay_s:
+            await self._hold(self.download_delay_s)
         return web.FileResponse(path)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -236,6 +249,8 @@ class GeminiBatchStub(LoopbackApp):
         task = asyncio.get_running_loop().create_task(self._process(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.create_delay_s:
+            await self._hold(self.create_delay_s)
         if self.lose_creates > 0:
             self.lose_creates -= 1
             return _error(502, "bad gateway (the batch was created)", "UNAVAILABLE")
@@ -308,7 +323,7 @@ class GeminiBatchStub(LoopbackApp):
                 results.append({"key": key, "error": error})
                 bad += 1
             else:
-                results.append({"key": key, "response": _answer(req, meta["model"])})
+                results.append({"key": key, "response": self._answer(req, meta["model"])})
                 ok += 1
             stats.update(
                 successfulRequestCount=str(ok), failedRequestCount=str(bad),
@@ -331,6 +346,17 @@ class GeminiBatchStub(LoopbackApp):
             output = {"responsesFile": f"files/{file_id}"}
         meta.update(state=final, output=output, updateTime=_now(), endTime=_now())
         batch.op.update(done=True, response={"@type": _TYPE + "Output", **output})
+
+    def _answer(self, request: dict[str, Any], model: str) -> Any:
+        answer: Any = _answer(request, model)
+        kind = next((k for m, k in self.malformed.items() if m in _text(request)), None)
+        if kind == "response":
+            answer = "not an object"
+        elif kind == "candidates":
+            answer["candidates"] = 7
+        elif kind == "usage":
+            answer["usageMetadata"]["candidatesTokenCount"] = 2**70
+        return answer
 
     # ------------------------------------------------------------------ lifecycle
 

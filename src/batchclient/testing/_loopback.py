@@ -5,6 +5,7 @@ loop, or none."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Self
 
@@ -31,6 +32,13 @@ class LoopbackApp:
 
     def _cleanup(self) -> None:
         """Called by :meth:`stop` once the server has stopped."""
+
+    async def _hold(self, seconds: float) -> None:
+        """Wait ``seconds`` before answering, or until the app stops (a held answer never
+        holds up :meth:`stop`)."""
+        assert self._stopped is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
 
     def start(self) -> Self:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)

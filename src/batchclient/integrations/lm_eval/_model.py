@@ -71,8 +71,9 @@ class BatchClientLM(LM):  # type: ignore[misc]  # lm-eval is untyped
         base_url: remote: the API root (``http://host:port/v1``; a ``.../v1/completions`` URL
             as ``local-completions`` takes is accepted too).
         api_key: remote: bearer token (default ``$OPENAI_API_KEY``).
-        tokenizer: remote: a local folder with the model's tokenizer files (needed for chat
-            templates; without it the server's ``/tokenize`` route is used for scoring).
+        tokenizer: remote, batch-api: a local folder with the model's tokenizer files (needed
+            for chat templates; without it remote scores through the server's ``/tokenize``
+            route, and batch-api cannot score text).
         max_gen_toks: ``generate_until``'s default ``max_tokens`` (256, lm-eval's default).
         state_dir: where answers are kept (default ``$BATCHCLIENT_STATE_DIR`` or the user data
             directory); ``cache=False`` keeps none.
