@@ -52,7 +52,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 VLLM_GROUP = "vllm"
 """The pytest-xdist group of every ``server`` and ``engine`` test: under ``--dist loadgroup``
 (``make test``) one worker runs them all and starts each session server and engine once,
-while the other workers run the rest."""
+while the other workers run the rest. Such a test takes no other group."""
 
 
 @pytest.hookimpl(trylast=True)
@@ -81,6 +81,8 @@ def _name_the_groups(items: list[pytest.Item]) -> None:
                 for m in item.iter_markers("xdist_group")
             }
         )
+        if VLLM_GROUP in groups:
+            groups = [VLLM_GROUP]  # with the session's servers and engines, whatever else
         if groups:
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(groups)}")
 
