@@ -46,15 +46,24 @@ format: setup
 # process) repeat at scale what make test checks small.
 COV_MIN ?= 75
 test: lint
-	$(BIN)/python -m pytest -q -m "not heavy" --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not heavy" --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
 
 test-heavy: setup
 	$(BIN)/python -m pytest -q -m heavy
 
 # The quick tier: no vLLM engine or server and no model conversion, on 4 workers (its tests mostly
-# wait on loopback sockets); about 2 min 5 s on 2 idle cores.
+# wait on loopback sockets).
 test-fast: setup
-	$(BIN)/python -m pytest -q -n 4 -m "not server and not engine and not slow"
+	$(BIN)/python -m pytest -q -n 4 --dist loadgroup -m "not server and not engine and not slow"
+
+# The test runs spread over pytest-xdist workers by group (--dist loadgroup): every server and
+# engine test in one worker, which starts each session server and engine once (make test), the
+# tests that import torch in one other; the rest go wherever a worker is free. They write
+# bytecode whatever the shell says: the suite starts about a hundred Python processes (workers,
+# batchclient commands, servers), and each would compile the package and pytest's rewritten
+# tests again.
+TEST_WORKERS ?= 3
+test test-fast test-heavy: export PYTHONDONTWRITEBYTECODE :=
 
 # The full benchmark: every mode on 256 ShareGPT conversations. Writes
 # bench/results/bench.{json,png,md} and refreshes the "Latest full run" of docs/benchmarks.md.

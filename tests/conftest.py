@@ -52,7 +52,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 VLLM_GROUP = "vllm"
 """The pytest-xdist group of every ``server`` and ``engine`` test: under ``--dist loadgroup``
 (``make test``) one worker runs them all and starts each session server and engine once,
-while the other workers run the rest."""
+while the other workers run the rest. Such a test takes no other group."""
 
 
 @pytest.hookimpl(trylast=True)
@@ -81,6 +81,8 @@ def _name_the_groups(items: list[pytest.Item]) -> None:
                 for m in item.iter_markers("xdist_group")
             }
         )
+        if VLLM_GROUP in groups:
+            groups = [VLLM_GROUP]  # with the session's servers and engines, whatever else
         if groups:
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(groups)}")
 
@@ -178,15 +180,16 @@ async def own_float32_client() -> AsyncIterator[VLLMBatchInference]:
 @pytest.fixture(scope="session")
 def float32_url(request: pytest.FixtureRequest) -> str:
     """Base URL of a real vLLM server that computes in float32 (see ``float32_client``): the
-    session's server where it runs float32 already, else one of its own."""
-    url: str = request.getfixturevalue("vllm_url" if computes_in_float32() else "own_float32_url")
+    session's server where it runs float32 already (one it started), else one of its own."""
+    shared = computes_in_float32() and not os.environ.get("BATCHCLIENT_TEST_BASE_URL")
+    url: str = request.getfixturevalue("vllm_url" if shared else "own_float32_url")
     return url
 
 
 @pytest.fixture(scope="session")
 def own_float32_url() -> Iterator[str]:
     """The float32 server on a machine whose session server runs bfloat16."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     with vllm_server(max_model_len=2048, dtype="float32", env=env) as url:
         yield url
 

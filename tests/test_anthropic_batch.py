@@ -22,6 +22,8 @@ from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 KEY = "sk-ant-test"
+# one test process imports the anthropic SDK (seconds) for the module
+pytestmark = pytest.mark.xdist_group("anthropic")
 
 
 def client(stub: AnthropicBatchStub, state: Path, **kw: Any) -> AnthropicBatchInference:

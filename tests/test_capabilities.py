@@ -410,11 +410,14 @@ _FIXTURE = {
     "inline-pooling": "pooling_client",
     "ray": "ray_client",
 }
+# the cells without an engine share one test process, which sets up the module's clients (and
+# imports their SDKs) once; the engine cells go with the other server and engine tests
+_QUICK = [pytest.mark.xdist_group("capabilities")]
 _MARKS: dict[str, list[pytest.MarkDecorator]] = {
-    "remote": [],
-    "batch-api": [],
-    "anthropic-batch": [],
-    "gemini-batch": [],
+    "remote": _QUICK,
+    "batch-api": _QUICK,
+    "anthropic-batch": _QUICK,
+    "gemini-batch": _QUICK,
     "inline": [pytest.mark.engine],
     "inline-pooling": [pytest.mark.engine],
     # the cluster and its engine take one to several minutes to start on 2 busy cores

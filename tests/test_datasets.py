@@ -13,6 +13,9 @@ from batchclient.datasets import SharegptSample, sample_sharegpt
 from batchclient.errors import ConfigurationError
 from providers import tokenizer as bundled_tokenizer
 
+# one test process reads the 125 MB ShareGPT file for the module
+pytestmark = pytest.mark.xdist_group("sharegpt")
+
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:

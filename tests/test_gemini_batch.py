@@ -30,6 +30,8 @@ from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
 KEY = "test-key"
+# one test process imports the google-genai SDK for the module
+pytestmark = pytest.mark.xdist_group("gemini")
 
 
 def client(stub: GeminiBatchStub, state: Path, **kwargs: Any) -> GeminiBatchInference:
