@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 
 from _jobs_common import save
-from batchclient import RemoteProvider
-from batchclient.jobs import Store
+from batchclient.jobs._store import Store
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app, tenant_id
 from batchclient.testing import AppServer, StubServer
 from batchclient.types import FileObject

@@ -15,7 +15,7 @@ import httpx
 import openai
 from pydantic import BaseModel
 
-from batchclient import RemoteProvider
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app
 from batchclient.testing import AppServer
 from jobs_util import jsonl, line, wait_sync

@@ -13,10 +13,11 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import AnthropicBatchInference, ConfigurationError, RetryPolicy, make_client
+from batchclient import AnthropicBatchInference, ConfigurationError, make_client
 from batchclient.batchapi._anthropic import AnthropicBackend
 from batchclient.batchapi._anthropic_translate import error_of, to_completion, to_params
 from batchclient.cli import main
+from batchclient.remote import RetryPolicy
 from batchclient.testing import AnthropicBatchStub, StubReply
 from jobs_util import jsonl, line, read_jsonl, until
 

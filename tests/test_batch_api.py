@@ -12,15 +12,10 @@ from typing import Any
 
 import pytest
 
-from batchclient import (
-    BatchAPIBatchInference,
-    BatchInference,
-    ModelNotFoundError,
-    RemoteProvider,
-    RetryPolicy,
-    ToolPromptFormat,
-)
+from batchclient import BatchAPIBatchInference, BatchInference, ModelNotFoundError
+from batchclient.remote import RemoteProvider, RetryPolicy
 from batchclient.testing import BatchAPIStub, StubReply, StubServer
+from batchclient.types import ToolPromptFormat
 from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
@@ -372,7 +367,8 @@ async def test_past_the_local_window_remote_batches_are_cancelled_and_kept(
 
 
 async def test_the_provider_alone_runs_each_request_as_a_one_line_batch(tmp_path: Path) -> None:
-    from batchclient import BatchClient, RemoteBatchProvider
+    from batchclient import BatchClient
+    from batchclient.batchapi import RemoteBatchProvider
 
     with BatchAPIStub(error_match="BAD") as stub:
         provider = RemoteBatchProvider.batch_api(stub.url, poll_interval_s=0.02, retry=FAST)

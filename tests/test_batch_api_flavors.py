@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from batchclient import BatchAPIBatchInference, ConfigurationError, RetryPolicy
+from batchclient import BatchAPIBatchInference, ConfigurationError
 from batchclient.batchapi._api import BatchAPI
 from batchclient.batchapi._flavors import FLAVORS, detect_flavor, normalize, status_of
 from batchclient.batchapi._openai import OpenAIBackend
 from batchclient.batchapi._retry import Retrier
 from batchclient.cli import main
+from batchclient.remote import RetryPolicy
 from batchclient.testing import BatchAPIStub
 from jobs_util import jsonl, line, read_jsonl, until
 

@@ -17,7 +17,6 @@ from batchclient import (
     BatchAPIBatchInference,
     ConfigurationError,
     GeminiBatchInference,
-    RemoteBatchProvider,
     make_client,
     make_provider,
 )
@@ -27,6 +26,7 @@ from batchclient.batchapi import (
     BatchAPIOptions,
     GeminiBatchOptions,
     RemoteBatchOptions,
+    RemoteBatchProvider,
 )
 from batchclient.cli._run import add_run_arguments
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from batchclient import RetryPolicy, make_client
+from batchclient import make_client
 from batchclient.cli import main
+from batchclient.remote import RetryPolicy
 from batchclient.testing import AnthropicBatchStub, BatchAPIStub, GeminiBatchStub
 from jobs_util import jsonl, line, read_jsonl, wait_sync
 

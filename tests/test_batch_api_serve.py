@@ -20,8 +20,9 @@ from typing import Any
 import openai
 import pytest
 
-from batchclient import BatchAPIBatchInference, RemoteProvider, RetryPolicy, make_provider
+from batchclient import BatchAPIBatchInference, make_provider
 from batchclient.batchapi._openai import OpenAIBackend
+from batchclient.remote import RemoteProvider, RetryPolicy
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from jobs_util import jsonl, line, until, wait_sync
 

@@ -12,17 +12,13 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import (
-    BatchProgress,
-    JsonSchemaResponseFormat,
-    RemoteBatchInference,
-    SamplingParams,
-    TopPSamplingStrategy,
-)
-from batchclient.cache import ResultCache, cache_key, canonical_json, request_digest
+from batchclient import BatchProgress, RemoteBatchInference, SamplingParams
+from batchclient.cache import ResultCache
+from batchclient.cache._key import cache_key, canonical_json, request_digest
 from batchclient.cli import main
 from batchclient.remote._identity import public_url, served_model_facts
 from batchclient.testing import StubReply, StubServer
+from batchclient.types import JsonSchemaResponseFormat, TopPSamplingStrategy
 from jobs_util import FAST, jsonl, line
 
 HI = [{"role": "user", "content": "hi"}]
@@ -273,7 +269,7 @@ def test_a_cache_write_that_fails_never_fails_a_request(tmp_path: Path) -> None:
 
 
 def test_inline_identity_is_the_model_path_and_the_engine_args_that_change_answers() -> None:
-    from batchclient import VLLMProvider
+    from batchclient.inline import VLLMProvider
     from batchclient.models import bundled_model_path
 
     def identity(**kw: Any) -> dict[str, Any]:

@@ -9,15 +9,12 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import (
-    RemoteBatchInference,
-    SamplingParams,
-    TopPSamplingStrategy,
-    VLLMBatchInference,
-)
-from batchclient.jobs import JobManager, estimate_file
+from batchclient import RemoteBatchInference, SamplingParams, VLLMBatchInference
+from batchclient.jobs import JobManager
+from batchclient.jobs._estimate import estimate_file
 from batchclient.models import bundled_model_path
 from batchclient.testing import CountingProxy
+from batchclient.types import TopPSamplingStrategy
 from jobs_util import jsonl, line
 
 GREEDY = SamplingParams(max_tokens=12)

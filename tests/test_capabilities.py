@@ -57,10 +57,10 @@ from batchclient import (
     Endpoint,
     GeminiBatchInference,
     RemoteBatchInference,
-    RemoteProvider,
     SamplingParams,
 )
 from batchclient._core.scoring import scoring_body
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app
 from batchclient.testing import (
     AnthropicBatchStub,

@@ -14,14 +14,8 @@ from typing import Any
 
 import anyio
 
-from batchclient import (
-    LogProbConfig,
-    SamplingParams,
-    StopReason,
-    SystemMessage,
-    TopPSamplingStrategy,
-    UserMessage,
-)
+from batchclient import LogProbConfig, SamplingParams
+from batchclient.types import StopReason, SystemMessage, TopPSamplingStrategy, UserMessage
 from providers import MODEL, Provider, prompt_tokens
 
 

@@ -14,15 +14,10 @@ import httpx
 import pytest
 
 import batchclient
-from batchclient import (
-    BatchChatCompletionResponse,
-    DelegatingProvider,
-    Endpoint,
-    Provider,
-    RemoteProvider,
-    Request,
-)
-from batchclient.cache import CachedProvider, ResultCache
+from batchclient import BatchChatCompletionResponse, DelegatingProvider, Endpoint, Provider, Request
+from batchclient.cache import ResultCache
+from batchclient.cache._provider import CachedProvider
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app
 from batchclient.server._metrics import MeteredProvider, Metrics
 from batchclient.server._tenants import SharedProvider

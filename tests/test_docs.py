@@ -33,7 +33,8 @@ from openai.types.chat import ChatCompletion
 
 from batchclient import ErrorCode
 from batchclient.cli import build_parser
-from batchclient.jobs import check_request, parse_line, validate_batch_file
+from batchclient.jobs import validate_batch_file
+from batchclient.jobs._validate import check_request, parse_line
 from batchclient.testing import StubProcess, StubServer, free_port
 from batchclient.testing import _process as testing_cli
 

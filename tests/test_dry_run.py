@@ -12,9 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import RemoteBatchInference, VLLMProvider
+from batchclient import RemoteBatchInference
 from batchclient.cli import main
-from batchclient.jobs import estimate_file
+from batchclient.inline import VLLMProvider
+from batchclient.jobs._estimate import estimate_file
 from batchclient.models import bundled_model_path
 from batchclient.testing import StubServer
 from jobs_util import FAST, jsonl, line

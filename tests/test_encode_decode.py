@@ -11,23 +11,11 @@ from pydantic import ValidationError
 
 from batchclient import (
     ChatCompletionResponse,
-    CompletionMessage,
-    GreedySamplingStrategy,
-    JsonSchemaResponseFormat,
     LogProbConfig,
-    MetricInResponse,
     Request,
     Result,
     SamplingParams,
-    StopReason,
-    SystemMessage,
-    ToolCall,
     ToolDefinition,
-    ToolParamDefinition,
-    ToolResponseMessage,
-    TopKSamplingStrategy,
-    TopPSamplingStrategy,
-    UserMessage,
 )
 from batchclient._core.client import _build_staged
 from batchclient._core.decode import (
@@ -38,7 +26,22 @@ from batchclient._core.decode import (
     to_response,
 )
 from batchclient._core.encode import build_body, message_to_wire, sampling_to_wire, tool_to_wire
-from batchclient.types import Message, coerce_messages
+from batchclient.types import (
+    CompletionMessage,
+    GreedySamplingStrategy,
+    JsonSchemaResponseFormat,
+    Message,
+    MetricInResponse,
+    StopReason,
+    SystemMessage,
+    ToolCall,
+    ToolParamDefinition,
+    ToolResponseMessage,
+    TopKSamplingStrategy,
+    TopPSamplingStrategy,
+    UserMessage,
+    coerce_messages,
+)
 
 
 def test_sampling_strategies_map_to_wire() -> None:

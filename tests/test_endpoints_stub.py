@@ -18,21 +18,23 @@ from batchclient import (
     EmbeddingResponse,
     Endpoint,
     ErrorCode,
-    ImageContentItem,
-    JsonSchemaResponseFormat,
     LogProbConfig,
     RemoteBatchInference,
     Request,
     Result,
     SamplingParams,
-    StopReason,
-    TextContentItem,
 )
 from batchclient._core.completions import completion_requests, to_completion_response
 from batchclient._core.embeddings import embedding_requests, to_embedding_response
 from batchclient.models import bundled_model_path
 from batchclient.testing import Fault, StubReply, StubServer
 from batchclient.testing._stub_answers import stub_vector, token_logprob
+from batchclient.types import (
+    ImageContentItem,
+    JsonSchemaResponseFormat,
+    StopReason,
+    TextContentItem,
+)
 from jobs_util import FAST
 
 

@@ -152,7 +152,7 @@ def test_this_machine_runs_vllm_on_the_cpu() -> None:
 async def test_the_inline_identity_holds_the_dtype(tmp_path: Path) -> None:
     """Before any engine starts: the chosen dtype, or the one given, is part of the provider's
     identity and of its cache identity (it changes the answers)."""
-    from batchclient import VLLMProvider
+    from batchclient.inline import VLLMProvider
 
     chosen = d.choose_dtype(cpu=d.vllm_on_cpu()).value
     default = VLLMProvider(str(tmp_path))

@@ -15,9 +15,7 @@ from batchclient import (
     BatchInference,
     GeminiBatchInference,
     LogProbConfig,
-    RetryPolicy,
     SamplingParams,
-    TopKSamplingStrategy,
     make_client,
 )
 from batchclient.batchapi._gemini import GeminiBackend
@@ -25,7 +23,9 @@ from batchclient.batchapi._gemini_files import inline_requests
 from batchclient.batchapi._gemini_translate import to_request
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
+from batchclient.remote import RetryPolicy
 from batchclient.testing import GeminiBatchStub, StubReply
+from batchclient.types import TopKSamplingStrategy
 from jobs_util import jsonl, line, read_jsonl, until
 
 FAST = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)

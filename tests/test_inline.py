@@ -18,11 +18,11 @@ from batchclient import (
     ModelNotFoundError,
     Request,
     SamplingParams,
-    StopReason,
     VLLMBatchInference,
 )
 from batchclient._core.decode import to_response
 from batchclient.models import bundled_model_path
+from batchclient.types import StopReason
 
 pytestmark = pytest.mark.engine
 

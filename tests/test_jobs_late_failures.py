@@ -21,7 +21,7 @@ import pytest
 
 from batchclient import BatchChatCompletionResponse, ErrorCode, RemoteBatchInference
 from batchclient.cli import main
-from batchclient.jobs import WriteRetry
+from batchclient.jobs._runner import WriteRetry
 from batchclient.testing import StubServer
 from jobs_util import FAST, jsonl, line, read_jsonl
 

@@ -35,7 +35,9 @@ from openai.types import Batch
 from batchclient import ErrorCode, RemoteBatchInference
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
-from batchclient.jobs import DB_NAME, LeaseTimes, WriteRetry
+from batchclient.jobs import LeaseTimes
+from batchclient.jobs._runner import WriteRetry
+from batchclient.jobs._store import DB_NAME
 from batchclient.server import tenant_id
 from batchclient.testing import StubServer, free_port
 from jobs_util import FAST, jsonl, line, wait_sync

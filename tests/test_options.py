@@ -16,21 +16,19 @@ import pytest
 
 import batchclient
 from batchclient import (
-    AdaptiveConcurrency,
     ConfigurationError,
     RayBatchInference,
-    RayOptions,
     RemoteBatchInference,
-    RemoteOptions,
-    RemoteProvider,
     VLLMBatchInference,
-    VLLMOptions,
 )
 from batchclient._options import OptionSpec, _shown, is_declared, resolve, specs
 from batchclient._registry import PROVIDERS, ProviderEntry
 from batchclient.cli import build_parser, main
 from batchclient.cli._lm_eval import model_args
 from batchclient.cli._providers import OPTIONS_GROUP, provider_options
+from batchclient.distributed import RayOptions
+from batchclient.inline import VLLMOptions
+from batchclient.remote import AdaptiveConcurrency, RemoteOptions, RemoteProvider
 
 URL = "http://127.0.0.1:9/v1"
 DECLARED = list(PROVIDERS.values())

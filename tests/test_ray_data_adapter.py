@@ -10,18 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from batchclient import (
-    ConfigurationError,
-    Provider,
-    RayProvider,
-    Request,
-    Result,
-    VLLMProvider,
-    failed,
-)
+from batchclient import ConfigurationError, Provider, Request, Result, failed
 from batchclient.cli._providers import make_provider
 from batchclient.cli._run import add_run_arguments
+from batchclient.distributed import RayProvider
 from batchclient.errors import ErrorCode
+from batchclient.inline import VLLMProvider
 from batchclient.integrations.ray_data import OUTPUT_COLUMNS, ChatPredictor
 from batchclient.types import Endpoint
 

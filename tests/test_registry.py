@@ -17,22 +17,21 @@ from batchclient import (
     ConfigurationError,
     GeminiBatchInference,
     RayBatchInference,
-    RayProvider,
     RemoteBatchInference,
-    RemoteBatchProvider,
-    RemoteOptions,
-    RemoteProvider,
     VLLMBatchInference,
-    VLLMProvider,
     make_client,
     make_provider,
 )
 from batchclient._options import resolve
 from batchclient._registry import PROVIDERS
+from batchclient.batchapi import RemoteBatchProvider
 from batchclient.cli._run import add_run_arguments
 from batchclient.cli._run import make_client as client_from_args
 from batchclient.cli._serve import add_serve_arguments
+from batchclient.distributed import RayProvider
+from batchclient.inline import VLLMProvider
 from batchclient.integrations.lm_eval._session import client_factory
+from batchclient.remote import RemoteOptions, RemoteProvider
 
 URL = "http://127.0.0.1:9/v1"
 NAMES = ["remote", "vllm", "ray", "batch-api", "anthropic-batch", "gemini-batch"]

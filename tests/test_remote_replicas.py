@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
-from batchclient import RemoteBatchInference, RemoteReplica
-from batchclient.remote import Ejection, RateLimits
+from batchclient import RemoteBatchInference
+from batchclient.remote import Ejection, RateLimits, RemoteReplica
 from batchclient.testing import Fault, StubReply, StubServer
 from remote_util import FAST, convo, lane
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from batchclient import RemoteBatchInference, SamplingParams, StopReason
+from batchclient import RemoteBatchInference, SamplingParams
 from batchclient.datasets import sample_sharegpt
 from batchclient.models import bundled_model_path
+from batchclient.types import StopReason
 
 pytestmark = pytest.mark.server
 

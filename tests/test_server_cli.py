@@ -18,7 +18,8 @@ import pytest
 import trustme
 
 from batchclient.cli import main
-from batchclient.server import is_loopback, tenant_id
+from batchclient.server import tenant_id
+from batchclient.server._bind import is_loopback
 from batchclient.testing import Fault, StubReply, StubServer, free_port
 from jobs_util import done_in_db, wait_sync
 from server_util import KEY_A, WINDOW, batch_file, finished, ready, sdk, spawn, wait_batch

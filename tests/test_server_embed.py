@@ -15,7 +15,8 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from batchclient import BatchClient, Provider, RemoteProvider, Request, Result
+from batchclient import BatchClient, Provider, Request, Result
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app
 from batchclient.testing import AppServer, StubServer
 from server_util import KEY_A, batch_file

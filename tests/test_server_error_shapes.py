@@ -14,9 +14,10 @@ import httpx
 import openai
 import pytest
 
-from batchclient import BatchClient, RemoteProvider
+from batchclient import BatchClient
 from batchclient.cli import main
 from batchclient.errors import JobStateError
+from batchclient.remote import RemoteProvider
 from batchclient.testing import Fault, StubReply, StubServer
 from server_util import batch_file, http, is_envelope, sdk, served, wait_batch
 

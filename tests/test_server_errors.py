@@ -17,14 +17,10 @@ from pathlib import Path
 import pytest
 from fastapi.responses import JSONResponse
 
-from batchclient import (
-    BatchChatCompletionResponse,
-    ConfigurationError,
-    RemoteBatchInference,
-    RemoteProvider,
-)
+from batchclient import BatchChatCompletionResponse, ConfigurationError, RemoteBatchInference
 from batchclient.errors import FileNotFoundInStoreError
 from batchclient.jobs._store import Store
+from batchclient.remote import RemoteProvider
 from batchclient.server import _routes_original, create_app, http_protocol, tenant_id
 from batchclient.testing import AppServer, Fault, StubReply, StubServer, free_port
 from batchclient.types import FileObject

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from batchclient import RemoteProvider
 from batchclient._core.flows import Flow, Priority, priority_of
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app
 from batchclient.server._fair import FairGate
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
@@ -188,16 +188,18 @@ def test_a_tenants_high_priority_batch_runs_ahead_of_its_low_one(tmp_path: Path)
     with StubServer(record_bodies=True, faults=[Fault(StubReply(hold=hold))]) as stub:
         app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
         gate: FairGate = app.state.tenants.gate
-        window = app.state.tenants.tenants[0].client.provider.window()  # lines a batch has out
+        in_flight = app.state.tenants.tenants[
+            0
+        ].client.provider.max_in_flight()  # a batch's lines out
 
         def at_gate() -> int:
             return gate.in_flight + gate.waiting()
 
         with AppServer(app) as url:
             low = _start(url, KEY_A, 30, "low", priority="low")
-            wait_sync(lambda: at_gate() == window)
+            wait_sync(lambda: at_gate() == in_flight)
             high = _start(url, KEY_A, 10, "high", priority="high")
-            wait_sync(lambda: at_gate() == 2 * window)  # the high lines are queued too
+            wait_sync(lambda: at_gate() == 2 * in_flight)  # the high lines are queued too
             hold.set()
             wait_batch(sdk(url, KEY_A), high)
             wait_batch(sdk(url, KEY_A), low)

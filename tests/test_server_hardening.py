@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from batchclient import RemoteProvider
 from batchclient.jobs._runner import WriteRetry
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app, http_protocol, tenant_id, uvicorn_options
 from batchclient.testing import AppServer, StubServer, free_port
 from server_util import (

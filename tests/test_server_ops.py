@@ -20,11 +20,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchclient import Batch, BatchEta, DelegatingProvider, RemoteProvider
+from batchclient import Batch, DelegatingProvider
 from batchclient.cli import main
-from batchclient.jobs import ProgressTracker
+from batchclient.jobs._progress import ProgressTracker
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app, serve_starting, tenant_id
 from batchclient.testing import Fault, StubReply, StubServer, free_port
+from batchclient.types import BatchEta
 from jobs_util import jsonl, line, wait_sync
 from server_util import (
     KEY_A,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from batchclient import RemoteProvider
+from batchclient.remote import RemoteProvider
 from batchclient.server import _page_render, create_app
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from chromium_util import CHROMIUM, SKIP_REASON, Chromium

@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 
-from batchclient import BatchChatCompletionResponse, RemoteProvider, VLLMBatchInference
+from batchclient import BatchChatCompletionResponse, VLLMBatchInference
+from batchclient.remote import RemoteProvider
 from batchclient.server import create_app, tenant_id
 from batchclient.testing import AppServer, CountingProxy, free_port
 from jobs_util import done_in_db, jsonl, line, wait_sync

@@ -23,9 +23,9 @@ from typing import Any
 import openai
 import pytest
 
-from batchclient import RemoteProvider
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
+from batchclient.remote import RemoteProvider
 from batchclient.server import _webhooks, create_app, tenant_id
 from batchclient.server._webhooks import Webhook, sign
 from batchclient.testing import Fault, StubReply, StubServer, free_port

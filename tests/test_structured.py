@@ -16,23 +16,20 @@ from typing import Any
 import jsonschema
 import pytest
 
-from batchclient import (
-    ChatCompletionResponse,
+from batchclient import ChatCompletionResponse, LogProbConfig, SamplingParams, ToolDefinition
+from batchclient._core.encode import tool_to_wire
+from batchclient.types import (
     CompletionMessage,
     GrammarResponseFormat,
     JsonSchemaResponseFormat,
-    LogProbConfig,
-    SamplingParams,
     StopReason,
     ToolCall,
-    ToolDefinition,
     ToolParamDefinition,
     ToolPromptFormat,
     ToolResponseMessage,
     TopPSamplingStrategy,
     UserMessage,
 )
-from batchclient._core.encode import tool_to_wire
 from providers import MODEL, Provider, prompt_tokens
 
 PERSON = {

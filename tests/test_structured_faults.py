@@ -9,17 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from batchclient import (
-    ErrorCode,
-    GrammarResponseFormat,
-    JsonSchemaResponseFormat,
-    RemoteBatchInference,
-    SamplingParams,
-    ToolDefinition,
-    ToolParamDefinition,
-)
+from batchclient import ErrorCode, RemoteBatchInference, SamplingParams, ToolDefinition
 from batchclient.testing import StubReply, StubServer
 from batchclient.testing._stub import completion_body
+from batchclient.types import GrammarResponseFormat, JsonSchemaResponseFormat, ToolParamDefinition
 
 WEATHER = ToolDefinition(
     tool_name="get_weather",

@@ -14,6 +14,13 @@ One protocol, :class:`BatchInference`, over interchangeable providers (:class:`P
   options, as ``batchclient run --provider`` does (``batchclient providers`` lists each one's
   options and defaults).
 
+What a user builds or reads is here; the rest lives in submodules: ``batchclient.types`` (every
+protocol type: messages, tools, sampling strategies, metrics), ``batchclient.remote`` (the
+remote provider, its options and settings: ``RetryPolicy``, ``AdaptiveConcurrency``, ...),
+``batchclient.inline``, ``batchclient.distributed``, ``batchclient.batchapi`` (the providers and
+their options), ``batchclient.jobs`` (``Files``, ``Batches``), ``batchclient.server`` and
+``batchclient.testing`` (loopback stubs for your own tests).
+
 Every client also runs OpenAI batch JSONL files as durable, resumable batches (``files``,
 ``batches``, ``schedule_batch``, ``job_status``, ``job_cancel``, ``job_result``; guide:
 ``docs/jobs.md``), and the ``batchclient`` command runs them from the shell.
@@ -25,50 +32,16 @@ Every client also runs OpenAI batch JSONL files as durable, resumable batches (`
         )
 """
 
-from ._core.client import (
-    BatchClient,
-)
-from ._core.execution import (
-    Call,
-    Execution,
-)
-from ._core.provider import (
-    DelegatingProvider,
-    Provider,
-)
-from ._core.request import (
-    Request,
-    Result,
-    failed,
-    item_error,
-)
-from ._core.tokens import (
-    HFTokenizer,
-    Tokenizer,
-    TokenizerInfo,
-)
-from ._registry import (
-    PROVIDERS as _PROVIDERS,
-)
-from ._registry import (
-    make_client,
-    make_provider,
-)
+from ._core.client import BatchClient
+from ._core.execution import Call, Execution
+from ._core.provider import DelegatingProvider, Provider
+from ._core.request import Request, Result, failed
+from ._core.tokens import HFTokenizer, Tokenizer
+from ._registry import PROVIDERS as _PROVIDERS
+from ._registry import make_client, make_provider
 from ._version import __version__
-from .batchapi import (
-    AnthropicBatchInference,
-    AnthropicBatchOptions,
-    BatchAPIBatchInference,
-    BatchAPIOptions,
-    GeminiBatchInference,
-    GeminiBatchOptions,
-    RemoteBatchProvider,
-)
-from .distributed import (
-    RayBatchInference,
-    RayOptions,
-    RayProvider,
-)
+from .batchapi import AnthropicBatchInference, BatchAPIBatchInference, GeminiBatchInference
+from .distributed import RayBatchInference
 from .errors import (
     BatchClientError,
     BatchFailedError,
@@ -82,189 +55,103 @@ from .errors import (
     JobStateError,
     ModelNotFoundError,
 )
-from .inline import (
-    VLLMBatchInference,
-    VLLMOptions,
-    VLLMProvider,
-)
-from .jobs import (
-    Batches,
-    Files,
-)
-from .protocol import (
-    BatchInference,
-)
-from .remote import (
-    AdaptiveConcurrency,
-    Ejection,
-    RateLimits,
-    RemoteBatchInference,
-    RemoteOptions,
-    RemoteProvider,
-    RemoteReplica,
-    RetryPolicy,
-    Timeouts,
-)
+from .inline import VLLMBatchInference
+from .protocol import BatchInference
+from .remote import RemoteBatchInference
 from .types import (
     Batch,
     BatchChatCompletionResponse,
     BatchCompletionResponse,
     BatchEmbeddingsResponse,
-    BatchError,
-    BatchErrors,
     BatchEstimate,
-    BatchEta,
     BatchItemError,
     BatchLoglikelihoodResponse,
-    BatchOptions,
     BatchProgress,
-    BatchRequestCounts,
     BatchResponse,
     BatchStatus,
-    BatchUsage,
     ChatCompletionResponse,
-    CompletionMessage,
     CompletionResponse,
     EmbeddingResponse,
-    EncodingFormat,
     Endpoint,
-    FileDeleted,
     FileObject,
-    GrammarResponseFormat,
-    GreedySamplingStrategy,
-    ImageContentItem,
     Job,
     JobStatus,
-    JsonSchemaResponseFormat,
     LoglikelihoodResponse,
     LogProbConfig,
     Message,
     MessageLike,
-    MetricInResponse,
-    ProgressCallback,
     ResponseFormat,
     SamplingParams,
     ScoringRequest,
-    StopReason,
-    SystemMessage,
-    TextContentItem,
-    TokenLogProbs,
-    ToolCall,
     ToolChoice,
     ToolDefinition,
-    ToolParamDefinition,
-    ToolPromptFormat,
-    ToolResponseMessage,
-    TopKSamplingStrategy,
-    TopPSamplingStrategy,
-    UserMessage,
 )
 
-__all__ = [
-    "AdaptiveConcurrency",
+# grouped by what a user does with them, not sorted
+__all__ = [  # noqa: RUF022
+    # the clients
     "AnthropicBatchInference",
-    "AnthropicBatchOptions",
-    "Batch",
     "BatchAPIBatchInference",
-    "BatchAPIOptions",
-    "BatchChatCompletionResponse",
+    "GeminiBatchInference",
+    "RayBatchInference",
+    "RemoteBatchInference",
+    "VLLMBatchInference",
+    # the protocol, a client over any provider, and a provider of your own
     "BatchClient",
-    "BatchClientError",
+    "BatchInference",
+    "Call",
+    "DelegatingProvider",
+    "Execution",
+    "HFTokenizer",
+    "Provider",
+    "Request",
+    "Result",
+    "Tokenizer",
+    "failed",
+    "make_client",
+    "make_provider",
+    # what a call takes
+    "Endpoint",
+    "LogProbConfig",
+    "Message",
+    "MessageLike",
+    "ResponseFormat",
+    "SamplingParams",
+    "ScoringRequest",
+    "ToolChoice",
+    "ToolDefinition",
+    # what it gives back
+    "BatchChatCompletionResponse",
     "BatchCompletionResponse",
     "BatchEmbeddingsResponse",
-    "BatchError",
-    "BatchErrors",
-    "BatchEstimate",
-    "BatchEta",
-    "BatchFailedError",
-    "BatchInference",
     "BatchItemError",
     "BatchLoglikelihoodResponse",
-    "BatchOptions",
+    "ChatCompletionResponse",
+    "CompletionResponse",
+    "EmbeddingResponse",
+    "LoglikelihoodResponse",
+    # files and batches
+    "Batch",
+    "BatchEstimate",
     "BatchProgress",
-    "BatchRequestCounts",
     "BatchResponse",
     "BatchStatus",
-    "BatchUsage",
-    "Batches",
-    "Call",
-    "ChatCompletionResponse",
+    "FileObject",
+    "Job",
+    "JobStatus",
+    # errors
+    "BatchClientError",
+    "BatchFailedError",
     "ClientClosedError",
-    "CompletionMessage",
-    "CompletionResponse",
     "ConfigurationError",
-    "DelegatingProvider",
-    "Ejection",
-    "EmbeddingResponse",
-    "EncodingFormat",
-    "Endpoint",
     "EndpointError",
     "ErrorCode",
-    "Execution",
-    "FileDeleted",
     "FileNotFoundInStoreError",
-    "FileObject",
-    "Files",
-    "GeminiBatchInference",
-    "GeminiBatchOptions",
-    "GrammarResponseFormat",
-    "GreedySamplingStrategy",
-    "HFTokenizer",
-    "ImageContentItem",
-    "Job",
     "JobError",
     "JobNotFoundError",
     "JobStateError",
-    "JobStatus",
-    "JsonSchemaResponseFormat",
-    "LogProbConfig",
-    "LoglikelihoodResponse",
-    "Message",
-    "MessageLike",
-    "MetricInResponse",
     "ModelNotFoundError",
-    "ProgressCallback",
-    "Provider",
-    "RateLimits",
-    "RayBatchInference",
-    "RayOptions",
-    "RayProvider",
-    "RemoteBatchInference",
-    "RemoteBatchProvider",
-    "RemoteOptions",
-    "RemoteProvider",
-    "RemoteReplica",
-    "Request",
-    "ResponseFormat",
-    "Result",
-    "RetryPolicy",
-    "SamplingParams",
-    "ScoringRequest",
-    "StopReason",
-    "SystemMessage",
-    "TextContentItem",
-    "Timeouts",
-    "TokenLogProbs",
-    "Tokenizer",
-    "TokenizerInfo",
-    "ToolCall",
-    "ToolChoice",
-    "ToolDefinition",
-    "ToolParamDefinition",
-    "ToolPromptFormat",
-    "ToolResponseMessage",
-    "TopKSamplingStrategy",
-    "TopPSamplingStrategy",
-    "UserMessage",
-    "VLLMBatchInference",
-    "VLLMOptions",
-    "VLLMProvider",
     "__version__",
-    "failed",
-    "item_error",
-    "make_client",
-    "make_provider",
 ]
 
-# the provider names, from the registry itself
 __doc__ = (__doc__ or "").replace("{names}", ", ".join(f'``"{n}"``' for n in _PROVIDERS))

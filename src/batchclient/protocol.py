@@ -257,7 +257,7 @@ class BatchInference(Protocol):
     async def schedule_batch(self, file_id: str, **options: Unpack[BatchOptions]) -> Job:
         """Validate an uploaded OpenAI batch JSONL file and run it in the background.
 
-        ``options`` (:class:`~batchclient.BatchOptions`): ``completion_window``, ``metadata``,
+        ``options`` (:class:`~batchclient.types.BatchOptions`): ``completion_window``, ``metadata``,
         ``reuse_results_from``. Returns at once; ``batches.retrieve(job.job_id)`` has the
         OpenAI batch record. Raises as ``batches.create``.
         """

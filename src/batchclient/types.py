@@ -18,6 +18,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum, nonmember
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -79,6 +80,7 @@ __all__ = [
     "SystemMessage",
     "TextContentItem",
     "TokenLogProbs",
+    "TokenizerInfo",
     "ToolCall",
     "ToolChoice",
     "ToolDefinition",
@@ -867,3 +869,24 @@ class FileDeleted(_Model):
     id: str
     object: Literal["file"] = "file"
     deleted: bool = True
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """Facts about a tokenizer that scoring rules need.
+
+    ``max_model_len`` is the model's context in tokens (prompt + output), None when unknown;
+    ``bos_token`` / ``bos_token_id`` / ``eos_token_id`` its special tokens (None when it has
+    none or they are unknown).
+    """
+
+    max_model_len: int | None = None
+    bos_token: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def prefix_token_id(self) -> int | None:
+        """The token an empty context stands for: BOS, else EOS (lm-evaluation-harness's
+        ``prefix_token_id``, ``lm_eval/models/vllm_causallms.py``)."""
+        return self.bos_token_id if self.bos_token_id is not None else self.eos_token_id

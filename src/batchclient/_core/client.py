@@ -18,9 +18,11 @@ from typing import Any, Self, TypeVar, Unpack
 
 from anyio import CapacityLimiter
 
-from ..cache import number_repeats
+from ..cache._key import number_repeats
 from ..errors import BatchFailedError, ClientClosedError, ConfigurationError
-from ..jobs import Files, JobManager, default_state_dir, estimate_file
+from ..jobs import Files, JobManager
+from ..jobs._estimate import estimate_file
+from ..jobs._store import default_state_dir
 from ..types import (
     BatchChatCompletionResponse,
     BatchCompletionResponse,

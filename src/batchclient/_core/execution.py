@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..jobs import Batches, JobManager, JobRunner
+from ..jobs import Batches, JobManager
+from ..jobs._runner import JobRunner
 from ..types import ProgressCallback
 from .request import Request, Result
 

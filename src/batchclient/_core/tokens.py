@@ -12,39 +12,17 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from ..errors import ConfigurationError
-from ..types import BatchItemError
+from ..types import BatchItemError, TokenizerInfo
 
 __all__ = ["HFTokenizer", "Tokenizer", "TokenizerInfo", "local_tokenizer"]
 
 _THREAD_MIN_TEXTS = 64  # fewer texts than this are encoded on the event loop (microseconds)
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """Facts about a tokenizer that scoring rules need.
-
-    ``max_model_len`` is the model's context in tokens (prompt + output), None when unknown;
-    ``bos_token`` / ``bos_token_id`` / ``eos_token_id`` its special tokens (None when it has
-    none or they are unknown).
-    """
-
-    max_model_len: int | None = None
-    bos_token: str | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-
-    @property
-    def prefix_token_id(self) -> int | None:
-        """The token an empty context stands for: BOS, else EOS (lm-evaluation-harness's
-        ``prefix_token_id``, ``lm_eval/models/vllm_causallms.py``)."""
-        return self.bos_token_id if self.bos_token_id is not None else self.eos_token_id
 
 
 class Tokenizer(abc.ABC):

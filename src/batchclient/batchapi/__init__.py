@@ -21,14 +21,13 @@ failures resubmitted up to ``max_attempts``.
 
 from ._backend import RemoteBatchBackend, RemoteState
 from ._clients import AnthropicBatchInference, BatchAPIBatchInference, GeminiBatchInference
-from ._execution import RemoteBatches, RemoteBatchExecution
-from ._flavors import FLAVORS, PRICE_NOTES, flavor_of
+from ._execution import RemoteBatchExecution
+from ._flavors import FLAVORS
 from ._options import AnthropicBatchOptions, BatchAPIOptions, GeminiBatchOptions, RemoteBatchOptions
 from ._provider import RemoteBatchProvider
 
 __all__ = [
     "FLAVORS",
-    "PRICE_NOTES",
     "AnthropicBatchInference",
     "AnthropicBatchOptions",
     "BatchAPIBatchInference",
@@ -39,7 +38,5 @@ __all__ = [
     "RemoteBatchExecution",
     "RemoteBatchOptions",
     "RemoteBatchProvider",
-    "RemoteBatches",
     "RemoteState",
-    "flavor_of",
 ]

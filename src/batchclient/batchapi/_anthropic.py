@@ -33,7 +33,7 @@ import orjson
 from .._core.request import Result, failed
 from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
-from ..jobs import RequestLine
+from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._anthropic_translate import error_of, to_completion, to_params
 from ._api import _TRANSIENT, check_header_value

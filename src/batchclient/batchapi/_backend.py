@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from .._core.request import Result
-from ..jobs import RequestLine
+from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._parts import Limits
 

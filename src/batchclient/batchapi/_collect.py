@@ -20,7 +20,8 @@ import orjson
 from .._core.decode import http_error
 from .._core.request import Result, failed, item_error
 from ..errors import ErrorCode
-from ..jobs import RequestLine, Store
+from ..jobs._store import Store
+from ..jobs._validate import RequestLine
 from ._parts import Committer, Part, part_lines
 
 __all__ = ["collect", "line_result", "one_result"]

@@ -26,7 +26,10 @@ from .._core.execution import Call, Execution, LiveRun
 from .._core.request import Request, Result, item_error
 from .._tools import ToolPlan, ToolRefusal, apply_to_body, mentions_tools, plan_tools
 from ..errors import ConfigurationError, ErrorCode
-from ..jobs import Batches, JobManager, JobRunner, ResultRow, Store, store_file
+from ..jobs import Batches, JobManager
+from ..jobs._files import store_file
+from ..jobs._runner import JobRunner
+from ..jobs._store import ResultRow, Store
 from ..types import Batch, BatchItemError, BatchProgress, BatchRequestCounts, ProgressCallback
 from ._parts import RemoteIds, batch_line
 from ._provider import RemoteBatchProvider

@@ -37,7 +37,7 @@ from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from ..jobs import parse_window
+from ..jobs._runner import parse_window
 
 __all__ = [
     "FLAVORS",

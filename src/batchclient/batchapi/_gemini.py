@@ -33,7 +33,7 @@ from anyio import to_thread
 from .._core.request import Result, failed
 from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
-from ..jobs import RequestLine
+from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._backend import RemoteState, rest_line
 from ._gemini_files import first_model, inline_requests, write_file, write_inline

@@ -28,7 +28,7 @@ from anyio import to_thread
 
 from .._core.request import Result
 from .._routing.retry import RETRYABLE_STATUS
-from ..jobs import RequestLine
+from ..jobs._validate import RequestLine
 from ..types import BatchStatus, Endpoint
 from ._api import BatchAPI, RemoteBatch
 from ._backend import RemoteState, error_line, rest_line

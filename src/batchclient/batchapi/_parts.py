@@ -31,7 +31,9 @@ from .._core.decode import classify_http
 from .._core.request import Result, failed
 from .._state import Database, Migration, Schema, add_columns, record
 from ..errors import ErrorCode
-from ..jobs import RequestLine, ResultRow, Store, iter_requests, request_for, row_for
+from ..jobs._output import request_for, row_for
+from ..jobs._store import ResultRow, Store
+from ..jobs._validate import RequestLine, iter_requests
 from ..types import Endpoint
 
 _COMMIT_EVERY = 512

@@ -24,7 +24,8 @@ from .._core.request import Request, Result, failed
 from .._core.tokens import Tokenizer, local_tokenizer
 from .._options import resolve
 from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
-from ..jobs import RequestLine, parse_window
+from ..jobs._runner import parse_window
+from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._anthropic import AnthropicBackend
 from ._backend import RemoteBatchBackend

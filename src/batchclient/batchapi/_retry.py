@@ -3,7 +3,7 @@
 A backend's call is one attempt that raises :class:`ApiError` when it fails; :class:`Retrier`
 retries the transient ones (connection errors, timeouts, 408/409/429/5xx, a malformed answer)
 after the server's ``Retry-After`` when it sent one, else after ``backoff_initial_s`` doubling
-up to ``backoff_max_s`` (:class:`~batchclient.RetryPolicy`). The wait is tenacity's, which is
+up to ``backoff_max_s`` (:class:`~batchclient.remote.RetryPolicy`). The wait is tenacity's, which is
 capped before it is computed too large to hold (a float overflows at the 1,024th doubling), so a
 remote batch polled for days through an outage keeps being polled.
 """

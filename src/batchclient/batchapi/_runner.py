@@ -35,7 +35,8 @@ import anyio
 from anyio import to_thread
 
 from .._core.provider import Provider
-from ..jobs import JobRow, RunningJob, Store, finalize, run_unfinished, validate_job
+from ..jobs._runner import RunningJob, finalize, run_unfinished, validate_job
+from ..jobs._store import JobRow, Store
 from ._backend import RemoteBatchBackend, RemoteState
 from ._collect import collect
 from ._parts import LineCursor, Part, RemoteIds, fail_part, part_lines, rewrite_part, write_part

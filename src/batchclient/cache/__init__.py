@@ -15,20 +15,10 @@ prompt are ``k`` entries.
   what makes two requests the same.
 """
 
-from ._key import cache_key, canonical_json, is_deterministic, number_repeats, request_digest
-from ._provider import CachedProvider, is_cacheable
-from ._store import CachedAnswer, CacheStats, ModelCacheStats, ResultCache
+from ._store import CacheStats, ModelCacheStats, ResultCache
 
 __all__ = [
     "CacheStats",
-    "CachedAnswer",
-    "CachedProvider",
     "ModelCacheStats",
     "ResultCache",
-    "cache_key",
-    "canonical_json",
-    "is_cacheable",
-    "is_deterministic",
-    "number_repeats",
-    "request_digest",
 ]

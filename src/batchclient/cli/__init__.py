@@ -42,7 +42,7 @@ from typing import Any
 from .._engine_defaults import quick_engine_stops
 from .._version import __version__
 from ..errors import BatchClientError, ConfigurationError
-from ..jobs import default_state_dir
+from ..jobs._store import default_state_dir
 from ._signals import exit_now, sigterm_as_interrupt
 
 DESCRIPTION = (

@@ -9,7 +9,8 @@ import anyio
 
 from ..cache import CacheStats
 from ..errors import ConfigurationError
-from ..jobs import JobManager, parse_window
+from ..jobs import JobManager
+from ..jobs._runner import parse_window
 
 
 def add_cache_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

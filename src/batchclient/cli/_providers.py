@@ -20,7 +20,7 @@ from .. import _registry as registry
 from .._core.client import BatchClient
 from .._core.provider import Provider
 from .._options import Flags, add_flags, flag_values, specs
-from ..batchapi import flavor_of
+from ..batchapi._flavors import flavor_of
 from ..errors import ConfigurationError
 
 __all__ = [

@@ -46,15 +46,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from .. import _registry as registry
 from .._core.client import BatchClient
-from ..batchapi import PRICE_NOTES
+from ..batchapi._flavors import PRICE_NOTES
 from ..errors import ConfigurationError
-from ..jobs import (
-    JobManager,
-    WriteRetry,
-    describe,
-    estimate_file,
-    file_endpoint,
-)
+from ..jobs import JobManager
+from ..jobs._estimate import describe, estimate_file
+from ..jobs._runner import WriteRetry
+from ..jobs._validate import file_endpoint
 from ..types import Batch, BatchStatus
 from ._providers import add_provider_arguments
 from ._providers import make_client as make_registry_client

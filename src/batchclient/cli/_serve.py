@@ -185,7 +185,8 @@ def webhook_secret(args: argparse.Namespace) -> str | None:
 
 def serve_command(args: argparse.Namespace) -> int:
     try:
-        from ..server import create_app, is_loopback
+        from ..server import create_app
+        from ..server._bind import is_loopback
     except ImportError as exc:
         raise ConfigurationError(str(exc)) from None
     keys = api_keys(args)

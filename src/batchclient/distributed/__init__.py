@@ -6,4 +6,8 @@ Importing this package does not import Ray; the provider imports it when it star
 from ._options import RayOptions
 from ._provider import RayBatchInference, RayProvider
 
-__all__ = ["RayBatchInference", "RayOptions", "RayProvider"]
+__all__ = [
+    "RayBatchInference",
+    "RayOptions",
+    "RayProvider",
+]

@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypedDict
 
 from .._options import Option
 from .._routing.settings import PREFIX_AFFINITY
-from ..inline import SINGLE_TOKEN_SCORING, TOOL_CALL_PARSER
+from ..inline._options import SINGLE_TOKEN_SCORING, TOOL_CALL_PARSER
 
 __all__ = ["RayOptions"]
 

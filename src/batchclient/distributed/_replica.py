@@ -1,4 +1,4 @@
-"""One engine replica: the inline provider (:class:`~batchclient.VLLMProvider`) inside a Ray
+"""One engine replica: the inline provider (:class:`~batchclient.inline.VLLMProvider`) inside a Ray
 actor.
 
 The driver makes the actor with ``ray.remote(EngineReplica).options(...)`` and calls

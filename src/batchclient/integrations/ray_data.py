@@ -32,7 +32,8 @@ from .._core.provider import Provider
 from .._core.request import Request, Result
 from .._core.scheduler import run_requests
 from ..errors import ErrorCode
-from ..jobs import check_request, request_for
+from ..jobs._output import request_for
+from ..jobs._validate import check_request
 from ..types import Endpoint
 
 if TYPE_CHECKING:

@@ -16,66 +16,15 @@ runner and the output rows; the server, the CLI and Ray Data read and check requ
 validation does.
 """
 
-from ._estimate import describe, estimate_file
-from ._files import Files, StagedFile, store_file
+from ._files import Files
 from ._lease import LeaseTimes
-from ._manager import Batches, JobManager, StatusTotals
-from ._output import request_for, row_for
-from ._progress import ProgressTracker
-from ._runner import (
-    JobRunner,
-    RunningJob,
-    WriteRetry,
-    finalize,
-    parse_window,
-    run_unfinished,
-    validate_job,
-)
-from ._store import DB_NAME, JobRow, ResultRow, Store, default_state_dir
-from ._validate import (
-    RequestLine,
-    ValidationReport,
-    check_request,
-    file_endpoint,
-    is_blank,
-    iter_lines,
-    iter_requests,
-    parse_line,
-    validate_batch_file,
-)
+from ._manager import Batches, JobManager
+from ._validate import validate_batch_file
 
 __all__ = [
-    "DB_NAME",
     "Batches",
     "Files",
     "JobManager",
-    "JobRow",
-    "JobRunner",
     "LeaseTimes",
-    "ProgressTracker",
-    "RequestLine",
-    "ResultRow",
-    "RunningJob",
-    "StagedFile",
-    "StatusTotals",
-    "Store",
-    "ValidationReport",
-    "WriteRetry",
-    "check_request",
-    "default_state_dir",
-    "describe",
-    "estimate_file",
-    "file_endpoint",
-    "finalize",
-    "is_blank",
-    "iter_lines",
-    "iter_requests",
-    "parse_line",
-    "parse_window",
-    "request_for",
-    "row_for",
-    "run_unfinished",
-    "store_file",
     "validate_batch_file",
-    "validate_job",
 ]

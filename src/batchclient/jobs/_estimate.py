@@ -17,7 +17,8 @@ from anyio import to_thread
 
 from .._core.prompt_tokens import PromptCounter
 from .._core.provider import Provider
-from ..cache import ResultCache, cache_key, canonical_json
+from ..cache import ResultCache
+from ..cache._key import cache_key, canonical_json
 from ..errors import ConfigurationError
 from ..types import BatchEstimate, Endpoint
 from ._plan import LinePlanner

@@ -53,7 +53,8 @@ from anyio import to_thread
 from anyio.abc import TaskGroup
 
 from .._core.provider import Provider
-from ..cache import CachedProvider, ResultCache
+from ..cache import ResultCache
+from ..cache._provider import CachedProvider
 from ..errors import ConfigurationError, JobError, JobStateError
 from ..types import (
     Batch,
@@ -720,7 +721,7 @@ class Batches:
         ``async with`` block (leaving the block pauses it; the next client on the same state
         directory and provider resumes it). Validation is all-or-nothing: a bad file gives a
         ``failed`` batch whose ``errors`` list each bad line (OpenAI codes, 1-based physical
-        line, ``param``). ``options``: see :class:`~batchclient.BatchOptions`.
+        line, ``param``). ``options``: see :class:`~batchclient.types.BatchOptions`.
 
         Raises:
             FileNotFoundInStoreError: unknown ``input_file_id``.

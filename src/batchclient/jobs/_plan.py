@@ -16,7 +16,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache import is_deterministic, request_digest
+from ..cache._key import is_deterministic, request_digest
 from ._store import Store
 from ._validate import RequestLine
 

@@ -28,14 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"batchclient.server needs the server extra: pip install 'batchclient[server]' ({exc})"
     ) from exc
 
-from ._app import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_SYNC_CONVERSATIONS,
-    DEFAULT_MAX_UPLOAD_BYTES,
-    create_app,
-)
-from ._bind import is_loopback
+from ._app import create_app
 from ._health import serve_starting
 from ._interrupted import http_protocol
 from ._metrics import metrics_app
@@ -43,13 +36,8 @@ from ._protocol import uvicorn_options
 from ._tenants import tenant_id
 
 __all__ = [
-    "DEFAULT_BODY_TIMEOUT",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_SYNC_CONVERSATIONS",
-    "DEFAULT_MAX_UPLOAD_BYTES",
     "create_app",
     "http_protocol",
-    "is_loopback",
     "metrics_app",
     "serve_starting",
     "tenant_id",

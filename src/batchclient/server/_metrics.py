@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result
-from ..jobs import StatusTotals
+from ..jobs._manager import StatusTotals
 from ..types import BatchStatus
 from ._guard import Guard
 from ._middleware import ROUTE_SCOPE_KEY, TENANT_SCOPE_KEY, Observed

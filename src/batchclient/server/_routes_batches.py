@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .._core.client import BatchClient
 from ..errors import ConfigurationError, JobNotFoundError
-from ..jobs import parse_window
+from ..jobs._runner import parse_window
 from ..types import Batch
 from ._body import read_model
 from ._errors import APIError, clip, found, redact_paths, state_roots

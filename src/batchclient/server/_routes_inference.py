@@ -24,7 +24,7 @@ from .._core.flows import interactive
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result, error_type, failed
 from ..errors import ErrorCode
-from ..jobs import check_request
+from ..jobs._validate import check_request
 from ..types import Endpoint
 from ._body import read_json
 from ._errors import APIError, clip, envelope, error_response

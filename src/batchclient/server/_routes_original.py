@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ConfigurationError, JobStateError
-from ..jobs import parse_window
+from ..jobs._runner import parse_window
 from ..types import (
     BatchChatCompletionResponse,
     JobStatus,

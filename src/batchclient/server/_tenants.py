@@ -34,7 +34,7 @@ from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
 from .._state import private_dirs
 from ..errors import ConfigurationError
-from ..jobs import default_state_dir
+from ..jobs._store import default_state_dir
 from ._fair import FairGate, provider_capacity
 from ._idempotency import IdempotencyKeys
 

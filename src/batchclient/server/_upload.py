@@ -24,7 +24,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from ..jobs import StagedFile
+from ..jobs._files import StagedFile
 from ._errors import APIError
 
 if TYPE_CHECKING:  # python-multipart declares its callback types for type checkers only

@@ -50,7 +50,7 @@ import anyio
 from .._state import Migration, Schema
 from .._version import __version__
 from ..errors import ConfigurationError
-from ..jobs import Store
+from ..jobs._store import Store
 from ..types import BatchStatus
 
 logger = logging.getLogger("batchclient.server.webhooks")

@@ -24,30 +24,26 @@
   uvicorn server on loopback, in a background thread.
 """
 
-from ._anthropic_stub import AnthropicBatchStats, AnthropicBatchStub
+from ._anthropic_stub import AnthropicBatchStub
 from ._app_server import AppServer
-from ._batch_stub import BatchAPIStub, BatchStubStats
-from ._gemini_stub import GeminiBatchStub, GeminiStubStats
+from ._batch_stub import BatchAPIStub
+from ._gemini_stub import GeminiBatchStub
 from ._process import StubProcess
 from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
-from ._vllm_server import free_port, stop_group, vllm_server
+from ._vllm_server import free_port, vllm_server
 
 __all__ = [
-    "AnthropicBatchStats",
     "AnthropicBatchStub",
     "AppServer",
     "BatchAPIStub",
-    "BatchStubStats",
     "CountingProxy",
     "Fault",
     "GeminiBatchStub",
-    "GeminiStubStats",
     "StubProcess",
     "StubReply",
     "StubServer",
     "StubStats",
     "free_port",
-    "stop_group",
     "vllm_server",
 ]

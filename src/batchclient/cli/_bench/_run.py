@@ -292,7 +292,7 @@ def _child(spec: RunSpec, stem: Path, timeout: float, *, verbose: bool) -> RunFi
     import json
 
     from ..._cpu import THREADS_BIND
-    from ...testing import stop_group
+    from ...testing._vllm_server import stop_group
 
     spec_file, log_file = stem.with_suffix(".spec.json"), stem.with_suffix(".log")
     spec.save(spec_file)

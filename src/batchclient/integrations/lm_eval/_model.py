@@ -39,7 +39,7 @@ from tqdm import tqdm
 from ..._core.client import BatchClient
 from ..._core.tokens import HFTokenizer
 from ...errors import BatchFailedError, ConfigurationError
-from ...jobs import default_state_dir
+from ...jobs._store import default_state_dir
 from ...models import BUNDLED_MODEL_NAME
 from ...types import (
     BatchItemError,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...cache import ResultCache
-from ...jobs import DB_NAME
+from ...jobs._store import DB_NAME
 
 ENDPOINT = "lm-eval/{kind}"
 """The ``endpoint`` column of an lm-eval answer in the result cache."""
