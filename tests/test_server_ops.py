@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -189,11 +190,19 @@ def test_the_eta_starts_from_the_average_and_is_smoothed_in_time() -> None:
     tracker = ProgressTracker()
     first = tracker.annotate(observed(100, 1000), now=1100.0).progress  # 100 lines in 100 s
     assert first == BatchEta(completed_fraction=0.1, requests_per_s=1.0, eta_s=900.0)
-    again = tracker.annotate(observed(101, 1000), now=1100.5).progress  # too soon: same rate
-    assert again is not None and again.requests_per_s == 1.0 and again.eta_s == 899.0
+    w_first = 1 - math.exp(-100 / 30)  # the span's weight
+    # 0.5 s later (not kept): that half second counts for its share, a small one
+    again = tracker.annotate(observed(101, 1000), now=1100.5).progress
+    w_half = 1 - math.exp(-0.5 / 30)
+    expected = (w_half * 2 + (1 - w_half) * w_first) / (w_half + (1 - w_half) * w_first)
+    assert again is not None and again.requests_per_s == pytest.approx(expected)
+    assert 1.0 < expected < 1.02  # a poll right after another moves the figure little
     # 30 s (one time constant) at 11 lines/s: the rate moves 63 % of the way
     later = tracker.annotate(observed(430, 1000), now=1130.0).progress
-    assert later is not None and later.requests_per_s == pytest.approx(1 + 10 * 0.632, rel=1e-3)
+    w_30 = 1 - math.exp(-1)
+    expected = (w_30 * 11 + (1 - w_30) * w_first) / (w_30 + (1 - w_30) * w_first)
+    assert later is not None and later.requests_per_s == pytest.approx(expected)
+    assert 1 + 10 * 0.63 < expected < 1 + 10 * 0.65
     rate = later.requests_per_s or 0.0
     assert later.eta_s == pytest.approx(570 / rate)
     ending = tracker.annotate(observed(1000, 1000, "finalizing"), now=1140.0).progress
@@ -205,6 +214,26 @@ def test_the_eta_starts_from_the_average_and_is_smoothed_in_time() -> None:
     first_lines = tracker.annotate(observed(2, 10), now=1143.2).progress  # at once: the average
     assert first_lines is not None and first_lines.requests_per_s == pytest.approx(2 / 143.2)
     assert first_lines.eta_s == pytest.approx(8 * 143.2 / 2)
+
+
+def test_young_batches_average_since_the_runs_first_result() -> None:
+    """In the process that runs a batch, the rate starts at its first committed result
+    (``origin``), not at the whole-second ``in_progress_at``; later looks within the first
+    seconds average over the whole span instead of keeping the first look's figure."""
+    tracker = ProgressTracker()
+    origin = (1000.9, 4)  # the first 4 lines committed 0.9 s into the second it started in
+    first = tracker.annotate(observed(8, 240), now=1001.0, origin=origin).progress
+    assert first is not None and first.requests_per_s == pytest.approx(40.0)
+    # the second look (0.9 s later, not kept) averages over both spans: 40 lines/s throughout
+    second = tracker.annotate(observed(44, 240), now=1001.9, origin=origin).progress
+    assert second is not None and second.requests_per_s == pytest.approx(40.0, rel=1e-3)
+    assert second.eta_s == pytest.approx(196 / 40, rel=1e-3)
+    # without the origin: from in_progress_at (1000), start-up included
+    other = ProgressTracker().annotate(observed(44, 240), now=1001.9).progress
+    assert other is not None and other.requests_per_s == pytest.approx(44 / 1.9)
+    # a run started again in this process starts over from its own first result
+    again = tracker.annotate(observed(50, 240), now=1100.0, origin=(1099.0, 46)).progress
+    assert again is not None and again.requests_per_s == pytest.approx(4.0)
 
 
 class Gated(DelegatingProvider):

@@ -723,9 +723,10 @@ class BatchEta(_Model):
 
     ``completed_fraction``: finished lines (completed + failed) / total, 0 to 1.
     ``requests_per_s``: lines finished per second, smoothed (an exponentially weighted average
-    of the rate between observations, 30 s time constant, started from finished / elapsed);
-    None before any line finished. ``eta_s``: seconds until every line is finished at that
-    rate (remaining / ``requests_per_s``); None while the rate is unknown."""
+    in time of the rates between observations, 30 s time constant, normalised: the average since
+    the run's first result while the batch is young); None before any line finished. ``eta_s``:
+    seconds until every line is finished at that rate (remaining / ``requests_per_s``); None
+    while the rate is unknown."""
 
     completed_fraction: float
     requests_per_s: float | None = None

@@ -423,7 +423,14 @@ class JobManager:
     async def info(self, job_id: str) -> Batch:
         store = await self.store()
         job: Batch = await self._call(store.get_job, job_id)
-        return self._progress.annotate(self._as_known(job))
+        return self._annotate(job)
+
+    def _annotate(self, job: Batch) -> Batch:
+        """``job`` as known here, with its progress (counted from its first committed result
+        when it runs here)."""
+        running = self._running.get(job.id)
+        origin = running.origin if running is not None else None
+        return self._progress.annotate(self._as_known(job), origin=origin)
 
     def _as_known(self, job: Batch) -> Batch:
         """``job`` as this manager knows it: ``failed`` when its failure is not written yet."""
@@ -453,7 +460,7 @@ class JobManager:
             return []
         store = await self.store()
         jobs: list[Batch] = await self._call(store.list_jobs, limit, after)
-        return [self._progress.annotate(self._as_known(job)) for job in jobs]
+        return [self._annotate(job) for job in jobs]
 
     def is_running_here(self, job_id: str) -> bool:
         return job_id in self._running

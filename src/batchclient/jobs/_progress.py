@@ -1,14 +1,23 @@
 """Progress and ETA of running batches: :class:`ProgressTracker` fills ``Batch.progress``.
 
-The estimate is remaining × elapsed ÷ finished, smoothed: the first observation of a batch
-takes its average rate since ``in_progress_at``; each later one (at least :data:`MIN_GAP_S`
-after the last) blends the rate over the gap into it with weight ``1 - exp(-gap / TAU_S)``, an
-exponentially weighted average in time. So a batch resumed after a restart (whose average
-includes the downtime), or one whose first lines came from the result cache, converges to its
-current rate within about a minute of observations, and two polls a millisecond apart do not
-make the figure jump. Whoever observes (a server answering ``GET /v1/batches/...``, ``batchclient
-jobs status``) gets the same figure the batch's record gives; a process that looked once has
-only the average.
+The rate is an exponentially weighted average in time of the rates between observations: the
+span from the batch's start to the first look, then each gap between two looks, weighted
+``1 - exp(-span / TAU_S)`` and older spans decayed by the same factor, normalised by the total
+weight. While the batch is young (spans short against :data:`TAU_S`) that is the average rate
+since it started; later it follows the current rate with a 30 s time constant. So the first
+seconds of a batch already give its rate (an average frozen at the first look kept a slow
+first second in the estimate for minutes), a batch resumed after a restart (whose first span
+includes the downtime) or one whose first lines came from the result cache converges to its
+current rate within about a minute, and two polls a millisecond apart do not make the figure
+jump (the time since the last kept observation counts for its share; observations are kept at
+most every :data:`MIN_GAP_S`).
+
+The start is when this process committed the batch's first result, to the microsecond, when the
+job manager that runs it is the one asked (only what finished after it counts: the start-up and
+the first requests' latency are not the rate at which the rest will finish); else
+``in_progress_at``, whole seconds and before both (in the first seconds of a steady batch that
+made the ETA 1.6x too long). Whoever observes (a server answering ``GET /v1/batches/...``,
+``batchclient jobs status``) gets the same figure the batch's record gives.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from ..types import Batch, BatchEta
 TAU_S = 30.0
 """Time constant of the smoothing, seconds."""
 MIN_GAP_S = 1.0
-"""Observations closer than this to the last one reuse its rate."""
+"""Observations are kept (advance the average) at most this often, seconds."""
 MAX_TRACKED = 10_000
 """Most batches remembered; the oldest observation is forgotten beyond it."""
 RUNNING = frozenset({"in_progress", "finalizing"})
@@ -30,9 +39,24 @@ RUNNING = frozenset({"in_progress", "finalizing"})
 
 @dataclass(slots=True)
 class _Seen:
+    """The last kept observation: its time, the lines finished then, and the average so far
+    as ``weighted`` (sum of weight x rate) over ``weight`` (sum of weights; 0: no span yet),
+    from ``origin`` (the run's first commit, when known)."""
+
     at: float
     done: int
-    rate: float | None
+    weighted: float = 0.0
+    weight: float = 0.0
+    origin: tuple[float, int] | None = None
+
+    def advanced(self, now: float, done: int) -> tuple[float, float]:
+        """``(weighted, weight)`` with the span from this observation to ``now`` added."""
+        gap = now - self.at
+        if gap <= 0:
+            return self.weighted, self.weight
+        share = 1.0 - math.exp(-gap / TAU_S)
+        recent = (done - self.done) / gap
+        return share * recent + (1 - share) * self.weighted, share + (1 - share) * self.weight
 
 
 def eta(batch: Batch, rate: float | None) -> BatchEta:
@@ -53,9 +77,12 @@ class ProgressTracker:
     def __init__(self) -> None:
         self._seen: dict[str, _Seen] = {}
 
-    def annotate(self, batch: Batch, now: float | None = None) -> Batch:
+    def annotate(
+        self, batch: Batch, now: float | None = None, origin: tuple[float, int] | None = None
+    ) -> Batch:
         """``batch`` with ``progress`` set while it runs with a known line count (else left
-        None, and the batch forgotten)."""
+        None, and the batch forgotten). ``origin``: (unix time, lines finished then) of this
+        process's first committed result of the batch, if it runs it; ``now``: unix time."""
         if batch.status not in RUNNING or batch.request_counts.total <= 0:
             self._seen.pop(batch.id, None)
             return batch
@@ -63,19 +90,20 @@ class ProgressTracker:
         counts = batch.request_counts
         done = counts.completed + counts.failed
         seen = self._seen.get(batch.id)
-        if seen is None or done < seen.done or (seen.rate is None and done > seen.done):
-            # first look, a batch started over, or the first lines since a look without any
-            started = batch.in_progress_at or batch.created_at
-            elapsed = now - started
-            rate = done / elapsed if done and elapsed > 0 else None
-            seen = self._remember(batch.id, _Seen(now, done, rate))
-        elif now - seen.at >= MIN_GAP_S:
-            gap = now - seen.at
-            recent = (done - seen.done) / gap
-            weight = 1.0 - math.exp(-gap / TAU_S)
-            rate = recent if seen.rate is None else weight * recent + (1 - weight) * seen.rate
-            seen = self._remember(batch.id, _Seen(now, done, rate))
-        batch.progress = eta(batch, seen.rate)
+        if (
+            seen is None
+            or done < seen.done
+            or (seen.weighted == 0 and done > seen.done)
+            or (origin is not None and origin != seen.origin)
+        ):
+            # first look, a batch started over, the first lines since looks without any, or a
+            # run (re)started here: from the start, an observation of no weight
+            started, base = origin or (batch.in_progress_at or batch.created_at, 0)
+            seen = _Seen(started, base, origin=origin)
+        weighted, weight = seen.advanced(now, done)
+        if seen.weight == 0 or now - seen.at >= MIN_GAP_S:
+            self._remember(batch.id, _Seen(now, done, weighted, weight, seen.origin))
+        batch.progress = eta(batch, weighted / weight if weighted > 0 else None)
         return batch
 
     def _remember(self, batch_id: str, seen: _Seen) -> _Seen:

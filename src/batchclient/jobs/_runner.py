@@ -69,12 +69,16 @@ WRITE_RETRY = WriteRetry()
 @dataclass
 class RunningJob:
     """A job running in this process. ``scope`` is cancelled by ``job_cancel`` (with
-    ``cancel_requested``) and by its completion window (its deadline)."""
+    ``cancel_requested``) and by its completion window (its deadline). ``origin``: when this
+    process committed its first result (unix seconds, to the microsecond) and how many lines
+    were finished then: where its progress rate starts, past the start-up and the first
+    requests' latency (``in_progress_at`` is whole seconds, and before both)."""
 
     job_id: str
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
     cancel_requested: bool = False
+    origin: tuple[float, int] | None = None
 
 
 class RequestSource:
@@ -141,9 +145,10 @@ class RequestSource:
 class GroupCommit:
     """Commit finished rows to SQLite; ``put`` returns once the row's transaction committed."""
 
-    def __init__(self, store: Store, job_id: str) -> None:
+    def __init__(self, store: Store, job_id: str, running: RunningJob | None = None) -> None:
         self._store = store
         self._job_id = job_id
+        self._running = running  # its origin is set at the first commit
         self._rows: list[ResultRow] = []
         self._committed = anyio.Event()
         self._busy = False
@@ -171,6 +176,9 @@ class GroupCommit:
         self._rows, self._committed = [], anyio.Event()
         if rows:
             self._store.commit_results(self._job_id, rows)
+            if self._running is not None and self._running.origin is None:
+                job = self._store.job_row(self._job_id)
+                self._running.origin = (time.time(), job.completed + job.failed)
         event.set()
 
     def flush(self) -> None:
@@ -221,7 +229,7 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
         if row.status == "validating" and not await validate_job(store, provider, job_id):
             return
         if row.status in ("validating", "in_progress"):
-            await run_unfinished(store, provider, job_id, row)
+            await run_unfinished(store, provider, job_id, row, running)
     row = await to_thread.run_sync(store.job_row, job_id)
     if running.cancel_requested or row.status == "cancelling":
         await finalize(store, job_id, "cancelled")
@@ -290,13 +298,16 @@ async def validate_job(store: Store, provider: Provider, job_id: str) -> bool:
     return True
 
 
-async def run_unfinished(store: Store, provider: Provider, job_id: str, row: Any) -> None:
+async def run_unfinished(
+    store: Store, provider: Provider, job_id: str, row: Any, running: RunningJob | None = None
+) -> None:
     """Run every request of the job (``row``: its jobs row) that has no result yet through
-    ``provider.execute``, committing each result before its worker takes the next request."""
+    ``provider.execute``, committing each result before its worker takes the next request
+    (``running``: the job's record in this process, whose ``origin`` the first commit sets)."""
     await to_thread.run_sync(_answer_merged_lines, store, job_id)
     path = store.file_path(row.input_file_id)
     source = RequestSource(store, job_id, path, Endpoint(row.endpoint))
-    writer = GroupCommit(store, job_id)
+    writer = GroupCommit(store, job_id, running)
 
     async def on_result(request: Request, result: Result) -> None:
         answered = row_for(job_id, request, result)
