@@ -207,6 +207,90 @@ _READ_PAGE = """(() => {
 })()"""
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+async def test_at_420px_wide_the_page_reads_well_and_a_cancelled_batch_shows_what_was_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A phone-sized window: the tenant id on one or two lines (it wrapped a character per
+    line), nothing wider than the window, each batch a block of labelled lines; a cancelled
+    batch shows the lines it ran (it showed 100 % and a rate from its lines filled as not run)
+    and, as every batch that is not running, no throughput or ETA."""
+    monkeypatch.setattr(_page_render, "REFRESH_S", 60)
+    with _stub() as stub, AppServer(_app(stub, tmp_path / "state", [KEY_A])) as url:
+        finished = _finished_batch(url, KEY_A)
+        stub.latency_s = 0.1
+        cancelled = _running_batch(url, KEY_A)
+        client = sdk(url, KEY_A)
+        client.batches.cancel(cancelled)
+        ended = wait_batch(client, cancelled)
+        async with Chromium(tmp_path / "profile") as browser:
+            await browser.send(
+                "Emulation.setDeviceMetricsOverride",
+                width=420,
+                height=900,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
+            await browser.navigate(f"{url}/")
+            await browser.submit(
+                f"document.querySelector('input[name=key]').value = {KEY_A!r};"
+                "document.querySelector('form#signin').submit()"
+            )
+            page = await browser.evaluate(_READ_NARROW)
+            shot = await browser.screenshot(tmp_path / "status_page_420.png")
+    ran = ended.request_counts.completed
+    assert ended.status == "cancelled" and 0 < ran < 200
+    assert ended.request_counts.failed == 200 - ran  # the lines not run, filled as failed
+    assert page["width"] == 420 and page["scrollWidth"] <= 420, page
+    tenant = page["tenant"]
+    assert tenant["text"].startswith("tenant ") and len(tenant["text"]) > 30
+    assert tenant["height"] <= 2.2 * tenant["lineHeight"], tenant  # one or two lines
+    assert not page["theadShown"]  # blocks of labelled lines, not a squeezed table
+    rows = {r["id"]: r for r in page["rows"]}
+    for row in rows.values():
+        for cell in row["cells"]:
+            assert cell["right"] <= 420 and cell["width"] >= 300, (row["id"], cell)
+    gone = rows[cancelled]
+    assert gone["status"] == "cancelled"
+    assert gone["value"] == ran and gone["percent"] == f"{round(100 * ran / 200)}%"
+    assert gone["counts"] == f"{ran} / 0 / 200, {200 - ran} not run (cancelled)"
+    assert gone["rate"] == "\u2013" and gone["eta"] == "\u2013"
+    assert rows[finished]["rate"] == "\u2013"  # finished: not running either
+    assert gone["labels"] == ["Status", "Progress", "Completed / failed / total", "Throughput",
+                              "ETA", "Metadata"]  # fmt: skip
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+_READ_NARROW = """(() => {
+  const text = (row, sel) => (row.querySelector(sel) || {}).textContent || "";
+  const tenant = document.querySelector("header .meta");
+  return {
+    width: window.innerWidth,
+    scrollWidth: document.documentElement.scrollWidth,
+    tenant: {
+      text: tenant.textContent,
+      height: tenant.getBoundingClientRect().height,
+      lineHeight: parseFloat(getComputedStyle(tenant).lineHeight),
+    },
+    theadShown: getComputedStyle(document.querySelector("thead")).display !== "none",
+    rows: [...document.querySelectorAll("tr.batch")].map(row => ({
+      id: row.id,
+      status: row.dataset.status,
+      value: row.querySelector("progress").value,
+      percent: text(row, ".percent"),
+      counts: text(row, ".counts"),
+      rate: text(row, ".rate"),
+      eta: text(row, ".eta"),
+      labels: [...row.querySelectorAll("td[data-label]")].map(td => td.dataset.label),
+      cells: [...row.querySelectorAll("td")].map(td => {
+        const r = td.getBoundingClientRect();
+        return {width: r.width, right: r.right, text: td.textContent.slice(0, 40)};
+      }),
+    })),
+  };
+})()"""
+
+
 def test_the_page_works_under_a_mount_prefix(tmp_path: Path) -> None:
     with _stub() as stub:
         api = _app(stub, tmp_path, [KEY_A])

@@ -34,7 +34,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -428,6 +428,18 @@ class Store:
     def iter_results(self, job_id: str, *, ok: bool | None = None) -> Iterator[ResultRow]:
         """Finished rows in ``seq`` order (all, only successes, or only failures)."""
         return (_result(r) for r in self._chunked(job_id, "*", ok))
+
+    def count_failed(self, job_id: str, codes: Collection[str]) -> int:
+        """How many of the job's lines failed with one of the error ``codes`` (e.g.
+        ``batch_cancelled`` and ``batch_expired``: the lines a cancelled or expired batch never
+        ran)."""
+        marks = ", ".join("?" * len(codes))
+        row = self.db.one(
+            "SELECT count(*) FROM results WHERE job_id = ? AND ok = 0 AND "
+            f"json_extract(error, '$.code') IN ({marks})",
+            (job_id, *codes),
+        )
+        return int(row[0]) if row is not None else 0
 
     def iter_lines(self, job_id: str, *, ok: bool | None = None) -> Iterator[str]:
         """The stored output/error file lines in ``seq`` order, without decoding them."""

@@ -27,7 +27,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..errors import ErrorCode
 from ..jobs import JobManager
+from ..types import Batch
 from ._errors import error_response
 from ._middleware import ROUTE_SCOPE_KEY
 from ._page_render import Capacity, LineError, sign_in_page, status_page
@@ -95,6 +97,10 @@ class StatusPage:
         self.tenants = tenants
         self.sessions = Sessions()
         self._by_id = {t.id: t for t in tenants.tenants}
+        # the failures of finished batches, by id (they change no more): see _failures
+        self._ended: OrderedDict[tuple[str, str, int, int], tuple[list[LineError], int]] = (
+            OrderedDict()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (scope.get("method"), _route_path(scope))
@@ -162,17 +168,64 @@ class StatusPage:
     async def _render(self, tenant: Tenant, *, signed_in: bool) -> Response:
         client = tenant.client
         batches = await client.batches.list(limit=PAGE_BATCHES)
-        failing = [b.id for b in batches if b.request_counts.failed]
-        errors = await _first_errors(client._manager(), failing) if failing else {}
+        failures = await self._failures(client._manager(), batches)
         gate = self.tenants.gate
         capacity = Capacity(
             in_flight=gate.held(tenant.id),
             waiting=gate.waiting(tenant.id),
             capacity=max(gate.capacity(), 1),
         )
-        html = status_page(tenant.id, batches, errors, capacity, signed_in=signed_in)
+        html = status_page(
+            tenant.id,
+            batches,
+            {i: errors for i, (errors, _) in failures.items()},
+            capacity,
+            signed_in=signed_in,
+            unrun={i: unrun for i, (_, unrun) in failures.items()},
+        )
         return HTMLResponse(html)
 
+    async def _failures(
+        self, manager: JobManager, batches: list[Batch]
+    ) -> dict[str, tuple[list[LineError], int]]:
+        """By id of each batch with failed lines: its first :data:`ERRORS_PER_BATCH` failed
+        lines that ran, and how many lines it never ran (failed ``batch_cancelled`` /
+        ``batch_expired`` when it ended so). A finished batch's are read once and kept (until
+        its status or counts change: a failed batch may be resumed)."""
+        failing = [b for b in batches if b.request_counts.failed]
+        todo = [b for b in failing if _seen_as(b) not in self._ended]
+        found: dict[str, tuple[list[LineError], int]] = {}
+        if todo:
+            store = await manager.store()
+
+            def read() -> None:
+                for batch in todo:
+                    unrun = store.count_failed(batch.id, _UNRUN) if batch.status.terminal else 0
+                    errors = []
+                    for row in store.iter_results(batch.id, ok=False):
+                        if row.error is None or row.error.code not in _UNRUN:
+                            errors.append(LineError(row.custom_id, row.error))
+                            if len(errors) >= ERRORS_PER_BATCH:
+                                break
+                    found[batch.id] = (errors, unrun)
+
+            await to_thread.run_sync(read)
+            for batch in todo:
+                if batch.status.terminal:
+                    self._ended[_seen_as(batch)] = found[batch.id]
+            while len(self._ended) > MAX_SESSIONS:
+                self._ended.popitem(last=False)
+        return {b.id: found.get(b.id) or self._ended[_seen_as(b)] for b in failing}
+
+
+def _seen_as(batch: Batch) -> tuple[str, str, int, int]:
+    """What a finished batch's failures are kept under: they change only with these."""
+    counts = batch.request_counts
+    return batch.id, batch.status, counts.completed, counts.failed
+
+
+_UNRUN = (ErrorCode.batch_cancelled.value, ErrorCode.batch_expired.value)
+"""The errors of the lines a cancelled or expired batch never ran."""
 
 _ROUTES = {("GET", "/"): "page", ("POST", "/signin"): "sign_in", ("POST", "/signout"): "sign_out"}
 
@@ -188,21 +241,3 @@ def _route_path(scope: Scope) -> str:
     path: str = scope.get("path", "")
     root: str = scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
-
-
-async def _first_errors(manager: JobManager, batch_ids: list[str]) -> dict[str, list[LineError]]:
-    """The first :data:`ERRORS_PER_BATCH` failed lines of each batch (by line order)."""
-    store = await manager.store()
-
-    def read() -> dict[str, list[LineError]]:
-        found: dict[str, list[LineError]] = {}
-        for batch_id in batch_ids:
-            rows = []
-            for row in store.iter_results(batch_id, ok=False):
-                rows.append(LineError(row.custom_id, row.error))
-                if len(rows) >= ERRORS_PER_BATCH:
-                    break
-            found[batch_id] = rows
-        return found
-
-    return await to_thread.run_sync(read)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 
@@ -18,8 +19,9 @@ REFRESH_S = 5
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em;margin:0 .6em 0 0;display:inline}
-header{display:flex;align-items:center;gap:1em;margin-bottom:1em}
+header{display:flex;flex-wrap:wrap;align-items:center;gap:.3em 1em;margin-bottom:1em}
 header form{margin-left:auto}
+#tenant{overflow-wrap:anywhere;min-width:min(100%,20em)}
 table{border-collapse:collapse;width:100%}
 th,td{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
 th{background:#f4f4f4}
@@ -32,6 +34,15 @@ tr.batch-errors td{border-top:0;padding-top:0}
 .id{white-space:nowrap}
 .meta{font-size:.9em;color:#555;overflow-wrap:anywhere}
 .empty{color:#777}.problem{color:#a11}
+@media (max-width:40em){
+body{margin:.8em}
+thead{display:none}
+table,tbody,tr,td{display:block}
+tr.batch{border-top:2px solid #ccc;padding:.3em 0}
+tr.batch td{border:0;padding:.1em .3em;white-space:normal}
+td[data-label]::before{content:attr(data-label) ": ";color:#555}
+progress{width:50%}
+}
 """
 
 
@@ -83,10 +94,15 @@ def status_page(
     capacity: Capacity,
     *,
     signed_in: bool,
+    unrun: Mapping[str, int] | None = None,
     now: float | None = None,
 ) -> str:
     """The tenant's batches (newest first) with progress, counts, throughput, ETA, and under
-    each its validation errors and first failed lines."""
+    each its validation errors and first failed lines. ``unrun``: by batch id, the lines a
+    cancelled or expired batch never ran (failed with ``batch_cancelled`` / ``batch_expired``):
+    its progress shows what was done. Below 40em wide each batch is a block of labelled
+    lines instead of a table row."""
+    unrun = unrun or {}
     now = time.time() if now is None else now
     sign_out = (
         '<form method="post" action="signout"><button type="submit">Sign out</button></form>'
@@ -94,14 +110,14 @@ def status_page(
         else ""
     )
     header = (
-        f'<header><h1>batchclient</h1><span class="meta">tenant {escape(tenant)}</span>'
+        f'<header><h1>batchclient</h1><span class="meta" id="tenant">tenant {escape(tenant)}</span>'
         f'<span class="num" id="capacity">in flight {capacity.in_flight}, waiting '
         f"{capacity.waiting} (server capacity {capacity.capacity})</span>{sign_out}</header>"
     )
     if not batches:
         table = '<p class="empty" id="no-batches">No batches yet.</p>'
     else:
-        rows = "".join(_row(b, errors.get(b.id, []), now) for b in batches)
+        rows = "".join(_row(b, errors.get(b.id, []), unrun.get(b.id, 0), now) for b in batches)
         table = (
             '<table id="batches"><thead><tr><th>Batch</th><th>Status</th><th>Progress</th>'
             "<th>Completed / failed / total</th><th>Throughput</th><th>ETA</th>"
@@ -112,11 +128,14 @@ def status_page(
     return _document("batchclient: batches", header + table + footer, refresh=True)
 
 
-def _row(batch: Batch, errors: list[LineError], now: float) -> str:
+def _row(batch: Batch, errors: list[LineError], unrun: int, now: float) -> str:
     counts = batch.request_counts
-    done = counts.completed + counts.failed
+    unrun = min(unrun, counts.failed)
+    failed = counts.failed - unrun  # lines that ran and failed
+    done = counts.completed + failed
     total = counts.total
     percent = 100.0 * done / total if total else 0.0
+    not_run = f", {unrun} not run ({batch.status})" if unrun else ""
     rate, eta = progress_figures(batch, now)
     status = batch.status
     problems = [
@@ -138,20 +157,26 @@ def _row(batch: Batch, errors: list[LineError], now: float) -> str:
     return (
         f'<tr class="batch" id="{escape(batch.id)}" data-status="{escape(status)}">'
         f'<td class="meta id">{escape(batch.id)}<br>{escape(batch.model or "")}</td>'
-        f'<td class="status-{escape(status)}">{escape(status)}</td>'
-        f'<td><progress max="{max(total, 1)}" value="{done}"></progress> '
+        f'<td class="status-{escape(status)}" data-label="Status">{escape(status)}</td>'
+        f'<td data-label="Progress"><progress max="{max(total, 1)}" value="{done}"></progress> '
         f'<span class="num percent">{percent:.0f}%</span></td>'
-        f'<td class="num counts">{counts.completed} / {counts.failed} / {total}</td>'
-        f'<td class="num rate">{_rate(rate)}</td>'
-        f'<td class="num eta">{_duration(eta)}</td>'
-        f'<td class="meta metadata">{escape(_clip(metadata))}</td></tr>{error_row}'
+        f'<td class="num counts" data-label="Completed / failed / total">{counts.completed} / '
+        f"{failed} / {total}{not_run}</td>"
+        f'<td class="num rate" data-label="Throughput">{_rate(rate)}</td>'
+        f'<td class="num eta" data-label="ETA">{_duration(eta)}</td>'
+        f'<td class="meta metadata" data-label="Metadata">{escape(_clip(metadata))}</td></tr>'
+        f"{error_row}"
     )
 
 
 def progress_figures(batch: Batch, now: float) -> tuple[float | None, float | None]:
-    """Lines finished per second since the batch started running (to its end when it has
-    ended), and the seconds left at that rate while it runs; None when unknown. A running
-    batch's own estimate (``Batch.progress``: the rate smoothed in time) when it has one."""
+    """While the batch runs (``in_progress``, ``finalizing``): lines finished per second and
+    the seconds left at that rate, its own estimate (``Batch.progress``: the rate smoothed in
+    time) when it has one, else the average since ``in_progress_at``; None when unknown. A
+    batch that is not running has neither (a cancelled one's lines filled as not run would
+    read as a rate)."""
+    if batch.status not in ("in_progress", "finalizing"):
+        return None, None
     if batch.progress is not None and batch.progress.requests_per_s is not None:
         return batch.progress.requests_per_s, batch.progress.eta_s
     started = batch.in_progress_at
@@ -159,18 +184,7 @@ def progress_figures(batch: Batch, now: float) -> tuple[float | None, float | No
     done = counts.completed + counts.failed
     if started is None or done == 0:
         return None, None
-    ended = next(
-        (
-            t
-            for t in (batch.finalizing_at, batch.completed_at, batch.failed_at, batch.cancelled_at)
-            if t is not None
-        ),
-        batch.expired_at,
-    )
-    elapsed = max((ended if ended is not None else now) - started, 1.0)
-    rate = done / elapsed
-    if batch.status not in ("validating", "in_progress"):
-        return rate, None
+    rate = done / max(now - started, 1.0)
     return rate, max(counts.total - done, 0) / rate
 
 
