@@ -8,8 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -281,3 +284,64 @@ def test_an_event_survives_sigkill_between_the_end_and_the_delivery(
     assert SECRET[6:] not in log and "token=abc" not in log  # no secret, no query
     (event,) = events.values()
     assert event.type == "batch.completed" and event.data.id == batch.id
+
+
+def docs_recipe() -> str:
+    """The receiver's recipe of docs/server.md ("Webhooks"): its Python block that unwraps."""
+    text = (Path(__file__).parents[1] / "docs" / "server.md").read_text()
+    blocks: list[str] = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    (recipe,) = [b for b in blocks if "webhooks.unwrap" in b or ".unwrap(" in b]
+    return recipe
+
+
+def run_recipe(delivery: Delivery, secret: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The docs' recipe as a receiver would run it: in its own process, with the delivery's
+    raw body and headers, and no OpenAI key or webhook secret in the environment."""
+    given = tmp_path / "delivery.json"
+    given.write_text(json.dumps({"body": delivery.body.decode(), "headers": delivery.headers}))
+    prelude = (
+        "import json, sys\n"
+        "given = json.load(open(sys.argv[1]))\n"
+        "body, headers, secret = given['body'].encode(), given['headers'], sys.argv[2]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    return subprocess.run(
+        [sys.executable, "-c", prelude + docs_recipe(), str(given), secret],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_docs_recipe_verifies_a_real_delivery_without_an_openai_key(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """``batchclient serve`` delivers a signed event; the receiver's recipe of docs/server.md
+    verifies and reads it with the openai SDK where ``OPENAI_API_KEY`` is not set (the recipe's
+    ``openai.OpenAI()`` raised "Missing credentials"), and refuses a forged one."""
+    state, port = tmp_path / "state", free_port()
+    url = f"http://127.0.0.1:{port}"
+    with StubServer() as stub:
+        proc = spawn(
+            stub.url, state, port, "--webhook-url", receiver.url, "--webhook-secret", SECRET
+        )
+        try:
+            ready(url, proc)
+            client = sdk(url)
+            upload = client.files.create(file=("in.jsonl", batch_file(3)), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            wait_sync(lambda: receiver.deliveries, timeout=30)
+        finally:
+            proc.kill()
+            proc.wait()
+    (delivery,) = receiver.deliveries
+    verified = run_recipe(delivery, SECRET, tmp_path)
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout == f"{batch.id} completed\n"
+    forged = Delivery(delivery.headers, delivery.body.replace(b"completed", b"cancelled"))
+    refused = run_recipe(forged, SECRET, tmp_path)
+    assert refused.returncode != 0 and "InvalidWebhookSignatureError" in refused.stderr
