@@ -9,7 +9,6 @@ protocol's job calls delegate to them. Guide: ``docs/design.md``.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
@@ -377,8 +376,8 @@ class BatchClient:
 
         With ``build``, ``decode`` may return a plain ``tuple`` (a checked answer, staged:
         ``decode.stage_response``) that ``build`` turns into the item; staged items are built
-        at the end, in one go with the cycle collector paused (they are built as they finish
-        when ``on_item`` wants them). A staged item is a success."""
+        at the end, in one go (they are built as they finish when ``on_item`` wants them). A
+        staged item is a success."""
         requests, n, decode, progress = call.requests, call.n, call.decode, call.progress
         on_item, cache, build = call.on_item, call.cache, call.build
         provider: Provider = self.provider
@@ -505,27 +504,14 @@ def eager(decode: Callable[[Request, Result], Any], build: Callable[[Any], R]) -
 
 
 def _build_staged(results: list[Any], build: Callable[[Any], Any]) -> None:
-    """Replace every staged item of ``results`` by ``build(item)``.
-
-    The items outlive the call, so they are handed straight to the cycle collector's oldest
-    generation: the collector is paused while they are built (this loop only allocates; it
-    makes no garbage) and, when nothing else in the process is frozen, ``gc.freeze()`` then
-    ``gc.unfreeze()`` moves them there without the two young collections that would otherwise
-    each scan all of them (at 10,000 answers, about as much CPU as the requests' HTTP). Objects
-    still young at that moment are simply promoted with them."""
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        for i, item in enumerate(results):
-            if type(item) is tuple:
-                results[i] = build(item)
-        if gc.get_freeze_count() == 0:  # never thaw what someone else froze
-            gc.freeze()
-            gc.unfreeze()
-    finally:
-        if enabled:
-            gc.enable()
+    """Replace every staged item of ``results`` by ``build(item)``, in one pass at the end of
+    the call: while requests were in flight the answers were flat tuples the cycle collector
+    does not track, so its collections during the call never rescanned them. The collector is
+    left as the process set it (a library does not switch it: code beside the call, such as
+    lm-eval, a web app or other threads, would run with it off)."""
+    for i, item in enumerate(results):
+        if type(item) is tuple:
+            results[i] = build(item)
 
 
 def _checked(response: _B, raise_on_error: bool) -> _B:

@@ -426,8 +426,8 @@ class JobManager:
         return self._annotate(job)
 
     def _annotate(self, job: Batch) -> Batch:
-        """``job`` as known here, with its progress (from when this process began sending its
-        lines, when it runs here)."""
+        """``job`` as known here, with its progress (counted from its first committed result
+        when it runs here)."""
         running = self._running.get(job.id)
         origin = running.origin if running is not None else None
         return self._progress.annotate(self._as_known(job), origin=origin)

@@ -98,7 +98,9 @@ class StatusPage:
         self.sessions = Sessions()
         self._by_id = {t.id: t for t in tenants.tenants}
         # the failures of finished batches, by id (they change no more): see _failures
-        self._ended: OrderedDict[str, tuple[list[LineError], int]] = OrderedDict()
+        self._ended: OrderedDict[tuple[str, str, int, int], tuple[list[LineError], int]] = (
+            OrderedDict()
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (scope.get("method"), _route_path(scope))
@@ -188,9 +190,10 @@ class StatusPage:
     ) -> dict[str, tuple[list[LineError], int]]:
         """By id of each batch with failed lines: its first :data:`ERRORS_PER_BATCH` failed
         lines that ran, and how many lines it never ran (failed ``batch_cancelled`` /
-        ``batch_expired`` when it ended so). A finished batch's are read once and kept."""
+        ``batch_expired`` when it ended so). A finished batch's are read once and kept (until
+        its status or counts change: a failed batch may be resumed)."""
         failing = [b for b in batches if b.request_counts.failed]
-        todo = [b for b in failing if b.id not in self._ended]
+        todo = [b for b in failing if _seen_as(b) not in self._ended]
         found: dict[str, tuple[list[LineError], int]] = {}
         if todo:
             store = await manager.store()
@@ -209,10 +212,16 @@ class StatusPage:
             await to_thread.run_sync(read)
             for batch in todo:
                 if batch.status.terminal:
-                    self._ended[batch.id] = found[batch.id]
+                    self._ended[_seen_as(batch)] = found[batch.id]
             while len(self._ended) > MAX_SESSIONS:
                 self._ended.popitem(last=False)
-        return {b.id: found.get(b.id) or self._ended[b.id] for b in failing}
+        return {b.id: found.get(b.id) or self._ended[_seen_as(b)] for b in failing}
+
+
+def _seen_as(batch: Batch) -> tuple[str, str, int, int]:
+    """What a finished batch's failures are kept under: they change only with these."""
+    counts = batch.request_counts
+    return batch.id, batch.status, counts.completed, counts.failed
 
 
 _UNRUN = (ErrorCode.batch_cancelled.value, ErrorCode.batch_expired.value)
