@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -166,6 +168,24 @@ def test_a_new_database_is_private_in_a_private_directory(tmp_path: Path) -> Non
     assert db.one("PRAGMA busy_timeout")[0] == 30_000  # type: ignore[index]
     assert all(_mode(p) == 0o600 for p in path.parent.iterdir())  # -wal and -shm too
     db.close()
+
+
+def test_opening_a_database_again_keeps_this_processs_locks(tmp_path: Path) -> None:
+    """A second :class:`Database` on a file this process holds open must not open the file
+    itself: closing that descriptor would drop this process's POSIX locks, and another process's
+    connection, closing, would take itself for the last one and delete the WAL under ours (the
+    next read fails with "disk I/O error")."""
+    path = tmp_path / "x.sqlite3"
+    first = Database(path, [Schema("t", (Migration(1, "CREATE TABLE t(x)"),))])
+    first.write("INSERT INTO t VALUES (1)")
+    second = Database(path)
+    other = f"import sqlite3; c = sqlite3.connect({str(path)!r}); c.execute('SELECT x FROM t'); c.close()"
+    subprocess.run([sys.executable, "-c", other], check=True, timeout=60)
+    assert path.with_name(path.name + "-wal").exists()
+    first.write("INSERT INTO t VALUES (2)")
+    assert second.one("SELECT count(*) FROM t")[0] == 2  # type: ignore[index]
+    first.close()
+    second.close()
 
 
 def test_migrations_run_in_order_once_and_only_the_new_ones(tmp_path: Path) -> None:
