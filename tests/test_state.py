@@ -179,7 +179,7 @@ def test_opening_a_database_again_keeps_this_processs_locks(tmp_path: Path) -> N
     first = Database(path, [Schema("t", (Migration(1, "CREATE TABLE t(x)"),))])
     first.write("INSERT INTO t VALUES (1)")
     second = Database(path)
-    other = f"import sqlite3; c = sqlite3.connect({str(path)!r}); c.execute('SELECT x FROM t'); c.close()"
+    other = f"import sqlite3; c = sqlite3.connect({str(path)!r}); c.execute('SELECT x FROM t')"
     subprocess.run([sys.executable, "-c", other], check=True, timeout=60)
     assert path.with_name(path.name + "-wal").exists()
     first.write("INSERT INTO t VALUES (2)")

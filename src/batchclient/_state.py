@@ -119,14 +119,11 @@ def private_dirs(path: Path) -> None:
 def touch_private(path: Path) -> None:
     """Create ``path`` (and its missing folders, ``0700``) if missing, and make it ``0600``."""
     private_dirs(path.parent)
-    try:
+    # Never open a file SQLite may hold: closing any descriptor of a file drops every POSIX lock
+    # this process holds on it, and another process's connection, finding no lock, takes itself
+    # for the last one and deletes the WAL under ours (sqlite.org/howtocorrupt.html, 2.2).
+    with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        # Never open a file SQLite may hold: closing any descriptor of a file drops every POSIX
-        # lock this process holds on it, and another process's connection, finding no lock,
-        # takes itself for the last one and deletes the WAL under ours (sqlite.org/howtocorrupt.html
-        # section 2.2). chmod goes by name.
-        pass
     os.chmod(path, 0o600)  # a file that already existed keeps its mode otherwise
 
 
