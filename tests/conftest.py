@@ -49,17 +49,36 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[IMPORTED_AT_COLLECTION] = loaded
 
 
-VLLM_GROUP = "vllm"
-"""The pytest-xdist group of every ``server`` and ``engine`` test: under ``--dist loadgroup``
-(``make test``) one worker runs them all and starts each session server and engine once,
-while the other workers run the rest. Such a test takes no other group."""
+SERVER_GROUP, ENGINE_GROUP = "vllm-server", "vllm-engine"
+"""The pytest-xdist groups of the ``server`` and ``engine`` tests. Under ``--dist loadgroup``
+(``make test``) each runs in one worker, the two at once, and each worker starts the session's
+servers and engines its tests use once: the engine group has the tests on the in-process
+engines and the Ray cluster (and those that also use the server: its worker starts one too),
+the server group the tests on the session's server and those that start their own. Such a test
+takes no other group."""
+_ENGINE_FIXTURES = frozenset(
+    {"inline_client", "pooling_client", "float32_client", "ray_client", "pooling_url"}
+)
+_ENGINE_CELLS = frozenset({"inline", "inline-pooling", "ray"})  # test_capabilities' providers
+
+
+def _vllm_group(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    params: dict[str, object] = callspec.params if callspec is not None else {}
+    cell = params.get("cell")
+    on_engines = (
+        bool(_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        or params.get("provider") == "inline"  # the provider fixture's engine half
+        or (isinstance(cell, tuple) and cell[0] in _ENGINE_CELLS)
+    )
+    return ENGINE_GROUP if on_engines else SERVER_GROUP
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("server") or item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
+            item.add_marker(pytest.mark.xdist_group(_vllm_group(item)))
     if config.getoption("loadgroup", default=False):
         _name_the_groups(items)
 
@@ -81,8 +100,9 @@ def _name_the_groups(items: list[pytest.Item]) -> None:
                 for m in item.iter_markers("xdist_group")
             }
         )
-        if VLLM_GROUP in groups:
-            groups = [VLLM_GROUP]  # with the session's servers and engines, whatever else
+        for only in (SERVER_GROUP, ENGINE_GROUP):
+            if only in groups:
+                groups = [only]  # with the session's servers and engines, whatever else
         if groups:
             item._id = NodeId.parse(f"{nodeid}@{'_'.join(groups)}")
 

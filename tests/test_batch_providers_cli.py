@@ -23,9 +23,14 @@ from jobs_util import jsonl, line
 KEY = "sk-test"
 KEY_VARIABLES = ("ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY")
 STUBS: dict[str, Any] = {"anthropic-batch": AnthropicBatchStub, "gemini-batch": GeminiBatchStub}
+# each provider's tests join its SDK's module in one test process ("anthropic", "gemini")
+PROVIDERS = [
+    pytest.param(name, marks=pytest.mark.xdist_group(name.removesuffix("-batch")))
+    for name in sorted(STUBS)
+]
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_dry_run_needs_no_key_sends_nothing_and_names_the_discount(
     provider: str,
     tmp_path: Path,
@@ -47,7 +52,7 @@ def test_dry_run_needs_no_key_sends_nothing_and_names_the_discount(
     assert "half the" in out
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_lm_eval_client_reaches_the_base_url_with_the_provider_key(
     provider: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,7 +80,7 @@ def test_lm_eval_client_reaches_the_base_url_with_the_provider_key(
     assert item.error is None and "hello" in str(item.text)
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_lm_eval_command_refuses_a_chat_only_provider_up_front(
     provider: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -86,7 +91,7 @@ def test_lm_eval_command_refuses_a_chat_only_provider_up_front(
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_an_empty_model_name_is_refused_before_anything_is_sent(
     provider: str, tmp_path: Path
 ) -> None:
@@ -106,7 +111,7 @@ def test_an_empty_model_name_is_refused_before_anything_is_sent(
         assert stub.batches == {}
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_dry_run_of_a_file_for_an_endpoint_it_does_not_serve_is_refused_as_a_run_is(
     provider: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,7 +127,7 @@ def test_dry_run_of_a_file_for_an_endpoint_it_does_not_serve_is_refused_as_a_run
     assert "'/v1/completions' is not served" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("provider", sorted(STUBS))
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_flavor_is_refused_and_max_lines_packs_the_remote_batches(
     provider: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
