@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,34 +31,29 @@ import anyio
 import orjson
 
 from .._core.request import Result, failed
-from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._anthropic_translate import error_of, to_completion, to_params
-from ._api import _TRANSIENT, check_header_value
+from ._api import check_header_value
 from ._backend import RemoteState, error_line, ok_line, unrun_line
+from ._options import AnthropicBatchOptions
 from ._parts import Limits, private_file
-from ._retry import ApiError, Retrier
+from ._retry import ApiError
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
 
 T = TypeVar("T")
 
-ANTHROPIC_MAX_REQUESTS = 100_000
-ANTHROPIC_MAX_BYTES = 256_000_000
-"""Anthropic's caps for one Message Batch: 100,000 requests, 256 MB."""
-ANTHROPIC_LINES = ANTHROPIC_MAX_REQUESTS * 95 // 100
-ANTHROPIC_BYTES = ANTHROPIC_MAX_BYTES * 95 // 100
-SDK_VERSION_WITHOUT_SAMPLING = "2026-10-21"
-_SAMPLING_VERSIONS = frozenset({"2023-01-01", "2023-06-01"})
+MAX_REQUESTS, MAX_BYTES = 100_000, 256_000_000  # Anthropic's caps for one Message Batch
+_HTTP_LIBRARIES = ("httpx", "httpx2", "httpcore")
 _FIND_SLACK_S = 120.0  # clocks of client and provider disagree a little
 
 
 class AnthropicBackend:
-    """The Message Batches wire, one attempt per call (see :class:`RemoteBatchBackend`).
-    Arguments as :class:`~batchclient.AnthropicBatchInference`: ``api_key`` None reads
+    """The Message Batches wire, one attempt per call. Arguments as
+    :class:`~batchclient.AnthropicBatchInference`: ``api_key`` None reads
     ``$ANTHROPIC_API_KEY``, ``base_url`` None ``$ANTHROPIC_BASE_URL``, else Anthropic's own;
     ``max_lines`` / ``max_bytes`` None: 95% of Anthropic's caps.
 
@@ -70,17 +65,7 @@ class AnthropicBackend:
     endpoints = frozenset({Endpoint.chat_completions})
 
     def __init__(
-        self,
-        api_key: str | None,
-        base_url: str | None,
-        *,
-        api_version: str,
-        max_tokens: int,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
+        self, base_url: str | None, api_key: str | None, options: AnthropicBatchOptions
     ) -> None:
         if importlib.util.find_spec("anthropic") is None:  # importing it takes seconds
             raise ConfigurationError(
@@ -93,22 +78,22 @@ class AnthropicBackend:
         url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {url!r} is not an http(s) URL")
-        if max_tokens < 1:
+        if options["max_tokens"] < 1:
             raise ConfigurationError("max_tokens must be >= 1")
-        lines = ANTHROPIC_LINES if max_lines is None else max_lines
-        size = ANTHROPIC_BYTES if max_bytes is None else max_bytes
-        if not 1 <= lines <= ANTHROPIC_MAX_REQUESTS:
-            raise ConfigurationError(f"max_lines must be in 1..{ANTHROPIC_MAX_REQUESTS}")
-        if not 1024 <= size <= ANTHROPIC_MAX_BYTES - 1024:
-            raise ConfigurationError(f"max_bytes must be in 1024..{ANTHROPIC_MAX_BYTES - 1024}")
+        lines = options["max_lines"] or MAX_REQUESTS * 95 // 100
+        size = options["max_bytes"] or MAX_BYTES * 95 // 100
+        if not 1 <= lines <= MAX_REQUESTS:
+            raise ConfigurationError(f"max_lines must be in 1..{MAX_REQUESTS}")
+        if not 1024 <= size <= MAX_BYTES - 1024:
+            raise ConfigurationError(f"max_bytes must be in 1024..{MAX_BYTES - 1024}")
         self.api_key = check_header_value("api_key", key)
         self.base_url = url.rstrip("/")
-        self.api_version = check_header_value("api_version", api_version)
-        self.max_tokens = max_tokens
-        self.sampling = api_version in _SAMPLING_VERSIONS
-        self.timeout_s = timeout_s
-        self.headers = {k: check_header_value(f"header {k}", v) for k, v in (headers or {}).items()}
-        self.retrier = retrier
+        self.api_version = check_header_value("api_version", options["api_version"])
+        self.max_tokens = options["max_tokens"]
+        self.timeout_s = options["timeout_s"]
+        headers = options["headers"] or {}
+        self.headers = {k: check_header_value(f"header {k}", v) for k, v in headers.items()}
+        self.retry_after_cap_s = options["retry"].retry_after_cap_s
         self.limits = Limits(lines, size)
         self._client: AsyncAnthropic | None = None
         self._claimed: set[str] = set()  # batches this process made or adopted: never found
@@ -145,29 +130,19 @@ class AnthropicBackend:
         try:
             return await fn()
         except anthropic.APIStatusError as exc:
-            status = exc.status_code
-            wait = parse_retry_after(
-                exc.response.headers.get("retry-after"),
-                cap_s=self.retrier.retry.retry_after_cap_s,
-            )
-            raise ApiError(
-                f"{what}: HTTP {status}: {exc.message}"[:500],
-                status=status,
-                transient=status in _TRANSIENT,
-                retry_after_s=wait,
+            retry_after = exc.response.headers.get("retry-after")
+            raise ApiError.http(
+                what, exc.status_code, exc.message, retry_after, self.retry_after_cap_s
             ) from None
         except anthropic.APIResponseValidationError as exc:
             raise ApiError(
                 f"{what}: malformed answer: {exc}"[:500], status=200, transient=True
             ) from None
-        except anthropic.APIConnectionError as exc:
-            raise ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True) from None
-        except (anthropic.AnthropicError, OSError) as exc:
-            # e.g. a batch without results_url yet, or a results stream cut short (the SDK's
-            # HTTP library raises its own errors while a streamed body is read)
-            raise ApiError(f"{what}: {type(exc).__name__}: {exc}"[:500], transient=True) from None
         except Exception as exc:
-            if type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
+            # a connection failure, a batch without results_url yet, or a results stream cut
+            # short (the SDK's HTTP library raises its own errors while a body is read)
+            sdk = isinstance(exc, anthropic.AnthropicError | OSError)
+            if not sdk and type(exc).__module__.split(".")[0] not in _HTTP_LIBRARIES:
                 raise
             raise ApiError(f"{what}: {type(exc).__name__}: {exc}"[:500], transient=True) from None
 
@@ -187,10 +162,7 @@ class AnthropicBackend:
                 f"Anthropic Message Batches serve only {Endpoint.chat_completions.value}",
                 status_code=400,
             )
-        params = to_params(
-            line.body, max_tokens=self.max_tokens, sampling=self.sampling,
-            api_version=self.api_version,
-        )  # fmt: skip
+        params = to_params(line.body, max_tokens=self.max_tokens, api_version=self.api_version)
         if isinstance(params, Result):
             return params
         return orjson.dumps({"custom_id": self.wire_id(line), "params": params}) + b"\n"

@@ -29,6 +29,7 @@ from ..errors import ErrorCode
 VERSION_WITH_SAMPLING = "2023-06-01"
 """The ``anthropic-version`` this client sends by default: it accepts ``temperature``,
 ``top_p`` and ``top_k`` (every batchclient call sends ``temperature``: greedy is 0)."""
+_SAMPLING_VERSIONS = frozenset({"2023-01-01", VERSION_WITH_SAMPLING})
 SAMPLING = ("temperature", "top_p", "top_k")
 _INVALID = ErrorCode.invalid_request
 
@@ -75,19 +76,18 @@ class Refused(Exception):
 
 
 def to_params(
-    body: dict[str, Any], *, max_tokens: int, sampling: bool = True, api_version: str = ""
+    body: dict[str, Any], *, max_tokens: int, api_version: str = VERSION_WITH_SAMPLING
 ) -> dict[str, Any] | Result:
-    """The Messages request for an OpenAI chat ``body``, or a failed :class:`Result`
-    (``unsupported_parameter`` / ``invalid_request``) saying what cannot be sent. ``sampling``:
-    whether the ``anthropic-version`` sent (``api_version``, named in the refusal) accepts
-    ``temperature`` / ``top_p`` / ``top_k``."""
+    """The Messages request for an OpenAI chat ``body`` sent under ``anthropic-version``
+    ``api_version``, or a failed :class:`Result` (``unsupported_parameter`` /
+    ``invalid_request``) saying what cannot be sent."""
     try:
-        return _params(body, max_tokens, sampling, api_version)
+        return _params(body, max_tokens, api_version)
     except Refused as refusal:
         return failed(refusal.code, str(refusal), status_code=400, param=refusal.param)
 
 
-def _params(body: dict[str, Any], default_max: int, sampling: bool, version: str) -> dict[str, Any]:
+def _params(body: dict[str, Any], default_max: int, version: str) -> dict[str, Any]:
     for key, value in body.items():
         if key in _KEPT:
             continue
@@ -114,7 +114,7 @@ def _params(body: dict[str, Any], default_max: int, sampling: bool, version: str
     for key in SAMPLING:
         if body.get(key) is None:
             continue
-        if not sampling:
+        if version not in _SAMPLING_VERSIONS:
             raise Refused(
                 f"{key} cannot be sent under anthropic-version {version} (it has no sampling "
                 f"fields); use api_version={VERSION_WITH_SAMPLING!r} to send it",

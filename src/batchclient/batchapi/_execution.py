@@ -50,8 +50,7 @@ class RemoteBatchExecution(Execution):
         self.provider = provider
 
     def job_runner(self) -> JobRunner:
-        p = self.provider
-        return RemoteRunner(p.backend, p, p.retrier, p.settings, p.on_expired)
+        return RemoteRunner(self.provider)
 
     def batches(self, jobs: Callable[[], JobManager]) -> Batches:
         return RemoteBatches(jobs)
@@ -162,7 +161,7 @@ class RemoteBatchExecution(Execution):
                         elapsed_s=time.perf_counter() - started,
                     )
                 )  # fmt: skip
-                await anyio.sleep(min(self.provider.settings.poll_interval_s, 1.0))
+                await anyio.sleep(min(self.provider.options["poll_interval_s"], 1.0))
 
         batches = RemoteBatches(lambda: manager)
         async with anyio.create_task_group() as tg:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +30,15 @@ import orjson
 from anyio import to_thread
 
 from .._core.request import Result, failed
-from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._backend import RemoteState, rest_line
 from ._gemini_files import first_model, inline_requests, write_file, write_inline
 from ._gemini_translate import Unsupported, to_request
+from ._options import GeminiBatchOptions
 from ._parts import Limits, private_file
-from ._retry import ApiError, Retrier
+from ._retry import ApiError
 
 if TYPE_CHECKING:
     from google import genai
@@ -61,7 +60,6 @@ MAX_LINES = 100_000
 are resubmitted) in smaller pieces."""
 
 _CHAT = "/v1/chat/completions"
-_TRANSIENT_HTTP = frozenset({408, 409, 429, 500, 502, 503, 504})
 _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
     | {"JOB_STATE_PAUSED", "JOB_STATE_UPDATING"}
@@ -72,26 +70,6 @@ def _display_name(marks: dict[str, str]) -> str:
     job = marks.get("batchclient_job", "")
     part = marks.get("batchclient_part", "0")
     return f"batchclient {job} part {part}"
-
-
-def _api_error(what: str, exc: BaseException, cap_s: float) -> ApiError:
-    """An SDK or transport failure as an :class:`ApiError` the runner can retry (a
-    ``Retry-After`` honoured up to ``cap_s`` seconds)."""
-    from google.genai import errors
-
-    if isinstance(exc, errors.APIError):
-        code = int(exc.code or 0)
-        headers = getattr(exc.response, "headers", None)
-        wait = parse_retry_after(
-            headers.get("Retry-After") if headers is not None else None, cap_s=cap_s
-        )
-        return ApiError(
-            f"{what}: HTTP {code}: {exc.message or exc.status or ''}",
-            status=code or None,
-            transient=code in _TRANSIENT_HTTP,
-            retry_after_s=wait,
-        )
-    return ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
 
 
 class GeminiBackend:
@@ -108,31 +86,27 @@ class GeminiBackend:
     endpoints = frozenset({Endpoint.chat_completions})
 
     def __init__(
-        self,
-        api_key: str | None,
-        base_url: str | None,
-        *,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
-        inline_bytes: int,
+        self, base_url: str | None, api_key: str | None, options: GeminiBatchOptions
     ) -> None:
         url = (base_url or GEMINI_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
-        if not 0 <= inline_bytes <= INLINE_CAP:
+        if not 0 <= options["inline_bytes"] <= INLINE_CAP:
             raise ConfigurationError(
                 f"inline_bytes must be between 0 and {INLINE_CAP} (95% of Gemini's 20 MB cap)"
             )
-        self.api_key = resolve_key(api_key)
+        key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
+        if not key:
+            raise ConfigurationError(
+                "no Gemini API key: pass api_key= or set GEMINI_API_KEY (or GOOGLE_API_KEY)"
+            )
+        self.api_key = key
         self.base_url = url
-        self.limits = Limits(max_lines or MAX_LINES, max_bytes or MAX_BYTES)
-        self.inline_bytes = inline_bytes
-        self.retrier = retrier
-        self._timeout_s = timeout_s
-        self._headers = dict(headers or {})
+        self.limits = Limits(options["max_lines"] or MAX_LINES, options["max_bytes"] or MAX_BYTES)
+        self.inline_bytes = options["inline_bytes"]
+        self._timeout_s = options["timeout_s"]
+        self._headers = dict(options["headers"] or {})
+        self._retry_after_cap_s = options["retry"].retry_after_cap_s
         self._client: genai.Client | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -161,7 +135,15 @@ class GeminiBackend:
             await client.aio.aclose()
 
     def _error(self, what: str, exc: BaseException) -> ApiError:
-        return _api_error(what, exc, self.retrier.retry.retry_after_cap_s)
+        """An SDK or transport failure as an :class:`ApiError` the runner can retry."""
+        from google.genai import errors
+
+        if isinstance(exc, errors.APIError) and exc.code:
+            headers = getattr(exc.response, "headers", None)
+            retry_after = headers.get("Retry-After") if headers is not None else None
+            message = exc.message or exc.status or ""
+            return ApiError.http(what, exc.code, message, retry_after, self._retry_after_cap_s)
+        return ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
 
     def _aio(self) -> Any:
         if self._client is None:
@@ -348,17 +330,3 @@ def _state(meta: dict[str, Any]) -> str:
     """The batch's ``JOB_STATE_*`` (the REST API says ``BATCH_STATE_*``: one name here)."""
     state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
     return state or "JOB_STATE_UNSPECIFIED"
-
-
-def resolve_key(api_key: str | None) -> str:
-    """``api_key``, else ``$GEMINI_API_KEY``, else ``$GOOGLE_API_KEY``.
-
-    Raises:
-        ConfigurationError: none of them is set.
-    """
-    key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
-    if not key:
-        raise ConfigurationError(
-            "no Gemini API key: pass api_key= or set GEMINI_API_KEY (or GOOGLE_API_KEY)"
-        )
-    return key

@@ -18,7 +18,6 @@ Requests go under their own ``custom_id`` (what the provider's console shows). T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from ..jobs._validate import RequestLine
 from ..types import BatchStatus, Endpoint
 from ._api import BatchAPI, RemoteBatch
 from ._backend import RemoteState, error_line, rest_line
+from ._options import BatchAPIOptions
 from ._parts import Limits, batch_line, private_file
 from ._retry import Retrier
 
@@ -52,25 +52,17 @@ class OpenAIBackend:
     name = "batch-api"
     endpoints: frozenset[Endpoint] = frozenset(Endpoint)
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        *,
-        flavor: str | None,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
-    ) -> None:
+    def __init__(self, base_url: str, api_key: str | None, options: BatchAPIOptions) -> None:
         self.api = BatchAPI(
-            base_url, api_key, headers=headers, timeout_s=timeout_s, retrier=retrier, flavor=flavor
-        )
+            base_url, api_key, headers=options["headers"], timeout_s=options["timeout_s"],
+            retrier=Retrier(options["max_retries"], options["retry"]), flavor=options["flavor"],
+        )  # fmt: skip
         spec = self.api.flavor
         self.flavor = spec.name
         self.base_url = self.api.display  # without userinfo or secret query values
-        self.limits = Limits(max_lines or spec.max_lines, max_bytes or spec.max_bytes)
+        self.limits = Limits(
+            options["max_lines"] or spec.max_lines, options["max_bytes"] or spec.max_bytes
+        )
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}

@@ -35,44 +35,38 @@ from ._gemini import GeminiBackend
 from ._openai import OpenAIBackend
 from ._options import AnthropicBatchOptions, BatchAPIOptions, GeminiBatchOptions, RemoteBatchOptions
 from ._retry import ApiError, Retrier
-from ._runner import RunSettings
 
 __all__ = ["RemoteBatchProvider"]
-
-_DAY = 86400.0
 
 
 class RemoteBatchProvider(Provider):
     """A provider's batch API as a :class:`~batchclient.Provider`: ``backend`` with its
-    resolved ``options`` (what every batch API takes, :class:`RemoteBatchOptions`) and the
-    ``retrier`` of its calls. Built by :meth:`batch_api`, :meth:`anthropic` or :meth:`gemini`
-    (or by name: ``make_provider("batch-api", ...)``).
+    resolved ``options`` (every declared one, defaults filled in), its calls retried by
+    ``retrier``. Built by :meth:`batch_api`, :meth:`anthropic` or :meth:`gemini` (or by name:
+    ``make_provider("batch-api", ...)``).
 
-    Attributes: ``settings`` (how its jobs poll, wait and resubmit), ``completion_window``
-    (the window of a call's remote batches), ``on_expired`` (the live provider of what they
-    did not run, or None)."""
+    Attributes: ``completion_window`` (the window of a call's remote batches), ``on_expired``
+    (the live provider of what they did not run, or None).
+
+    Raises:
+        ConfigurationError: a value no batch API takes.
+    """
 
     def __init__(
         self,
         backend: RemoteBatchBackend,
         options: RemoteBatchOptions,
-        retrier: Retrier,
-        *,
         completion_window: str,
+        *,
         check_model: bool = False,
         tokenizer: str | None = None,
     ) -> None:
+        _check(options)
         self.backend = backend
         self.options = options
-        """The options as resolved (every declared one, defaults filled in)."""
         self.endpoints = backend.endpoints
-        self.retrier = retrier
+        self.retrier = Retrier(options["max_retries"], options["retry"])
         self.completion_window = completion_window
-        self.settings = RunSettings(
-            poll_interval_s=options["poll_interval_s"],
-            grace_s=options["expiry_grace_s"],
-            max_attempts=options["max_attempts"],
-        )
         on_expired = options["on_expired"]
         self.on_expired = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
         self._check_models = check_model
@@ -89,18 +83,12 @@ class RemoteBatchProvider(Provider):
         """An OpenAI-shaped Batch API at ``base_url`` (the API root ending in ``/v1``).
         Arguments as :class:`~batchclient.BatchAPIBatchInference`."""
         given = resolve(BatchAPIOptions, options, who="provider 'batch-api'")
-        retrier = _checked(given)
-        backend = OpenAIBackend(
-            base_url, api_key, flavor=given["flavor"], timeout_s=given["timeout_s"],
-            retrier=retrier, headers=given["headers"], max_lines=given["max_lines"],
-            max_bytes=given["max_bytes"],
-        )  # fmt: skip
+        backend = OpenAIBackend(base_url, api_key, given)
         window = given["completion_window"] or "24h"
         check_window(backend.api.flavor, window, backend.api.base_url)
         return cls(
-            backend, given, retrier, completion_window=window, check_model=given["check_model"],
-            tokenizer=given["tokenizer"],
-        )  # fmt: skip
+            backend, given, window, check_model=given["check_model"], tokenizer=given["tokenizer"]
+        )
 
     @classmethod
     def anthropic(
@@ -110,22 +98,14 @@ class RemoteBatchProvider(Provider):
         api_key: str | None = None,
         **options: Unpack[AnthropicBatchOptions],
     ) -> RemoteBatchProvider:
-        """Anthropic Message Batches (``base_url`` default ``$ANTHROPIC_BASE_URL`` or
-        ``https://api.anthropic.com``). Arguments as
-        :class:`~batchclient.AnthropicBatchInference`."""
+        """Anthropic Message Batches. Arguments as :class:`~batchclient.AnthropicBatchInference`."""
         given = resolve(AnthropicBatchOptions, options, who="provider 'anthropic-batch'")
-        retrier = _checked(given)
         window = given["completion_window"] or "24h"
-        if _seconds(window) != _DAY:
+        if _seconds(window) != 86400:
             raise ConfigurationError(
                 f"completion_window {window!r}: Anthropic Message Batches take only 24h"
             )
-        backend = AnthropicBackend(
-            api_key, base_url, api_version=given["api_version"], max_tokens=given["max_tokens"],
-            timeout_s=given["timeout_s"], retrier=retrier, headers=given["headers"],
-            max_lines=given["max_lines"], max_bytes=given["max_bytes"],
-        )  # fmt: skip
-        return cls(backend, given, retrier, completion_window=window)
+        return cls(AnthropicBackend(base_url, api_key, given), given, window)
 
     @classmethod
     def gemini(
@@ -135,19 +115,10 @@ class RemoteBatchProvider(Provider):
         api_key: str | None = None,
         **options: Unpack[GeminiBatchOptions],
     ) -> RemoteBatchProvider:
-        """The Gemini Batch API (``base_url`` default
-        ``https://generativelanguage.googleapis.com``). Arguments as
-        :class:`~batchclient.GeminiBatchInference`."""
+        """The Gemini Batch API. Arguments as :class:`~batchclient.GeminiBatchInference`."""
         given = resolve(GeminiBatchOptions, options, who="provider 'gemini-batch'")
-        retrier = _checked(given)
         window = given["completion_window"] or "48h"  # when Gemini expires a batch itself
-        _seconds(window)
-        backend = GeminiBackend(
-            api_key, base_url, timeout_s=given["timeout_s"], retrier=retrier,
-            headers=given["headers"], max_lines=given["max_lines"],
-            max_bytes=given["max_bytes"], inline_bytes=given["inline_bytes"],
-        )  # fmt: skip
-        return cls(backend, given, retrier, completion_window=window)
+        return cls(GeminiBackend(base_url, api_key, given), given, window)
 
     # ------------------------------------------------------------------ the Provider interface
 
@@ -255,7 +226,7 @@ class RemoteBatchProvider(Provider):
             state = await self.retrier.call(lambda: backend.poll(remote_id), forever=True)
             if state.ended:
                 break
-            await anyio.sleep(self.settings.poll_interval_s)
+            await anyio.sleep(self.options["poll_interval_s"])
         await self.retrier.call(lambda: backend.results(remote_id, dest))
         result = await to_thread.run_sync(one_result, dest, wire)
         if result is not None:
@@ -271,8 +242,8 @@ def _seconds(window: str) -> float:
         raise ConfigurationError(str(exc)) from None
 
 
-def _checked(options: RemoteBatchOptions) -> Retrier:
-    """Refuse values no batch API takes; the retrier of the provider's calls."""
+def _check(options: RemoteBatchOptions) -> None:
+    """Refuse values no batch API takes."""
     if options["poll_interval_s"] <= 0 or options["timeout_s"] <= 0:
         raise ConfigurationError("poll_interval_s and timeout_s must be > 0 seconds")
     if options["max_retries"] < 0 or options["expiry_grace_s"] < 0:
@@ -284,4 +255,3 @@ def _checked(options: RemoteBatchOptions) -> Retrier:
         raise ConfigurationError("max_lines must be >= 1 and max_bytes >= 1024")
     if options["completion_window"] is not None:
         _seconds(options["completion_window"])
-    return Retrier(options["max_retries"], options["retry"])

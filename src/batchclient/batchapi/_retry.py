@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never
 
-from .._routing.retry import RetryWait
+from .._routing.retry import RETRYABLE_STATUS, RetryWait, parse_retry_after
 from .._routing.settings import RetryPolicy
 
 __all__ = ["ApiError", "Retrier"]
@@ -39,6 +39,19 @@ class ApiError(Exception):
         self.status = status
         self.transient = transient
         self.retry_after_s = retry_after_s
+
+    @classmethod
+    def http(
+        cls, what: str, status: int, message: str, retry_after: str | None, cap_s: float
+    ) -> ApiError:
+        """``what`` answered HTTP ``status``: transient for 408, 409, 429 and 5xx, to be retried
+        after the server's ``Retry-After`` (at most ``cap_s`` seconds) when it sent one."""
+        return cls(
+            f"{what}: HTTP {status}: {message}"[:500],
+            status=status,
+            transient=status in RETRYABLE_STATUS,
+            retry_after_s=parse_retry_after(retry_after, cap_s=cap_s),
+        )
 
 
 def _transient(exc: BaseException) -> bool:

@@ -27,35 +27,22 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio import to_thread
 
-from .._core.provider import Provider
 from ..jobs._runner import RunningJob, finalize, run_unfinished, validate_job
 from ..jobs._store import JobRow, Store
-from ._backend import RemoteBatchBackend, RemoteState
+from ._backend import RemoteState
 from ._collect import collect
 from ._parts import LineCursor, Part, RemoteIds, fail_part, part_lines, rewrite_part, write_part
-from ._retry import ApiError, Retrier
+from ._provider import RemoteBatchProvider
+from ._retry import ApiError
 
 JOB_MARK = "batchclient_job"
 PART_MARK = "batchclient_part"
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """``poll_interval_s``: seconds between two polls of a remote batch; ``grace_s``: how long
-    past the local job's ``expires_at`` its remote batches are waited for before they are
-    cancelled and the job expires; ``max_attempts``: the most remote batches one request is
-    sent in."""
-
-    poll_interval_s: float
-    grace_s: float = 600.0
-    max_attempts: int = 3
 
 
 class _Job:
@@ -94,28 +81,20 @@ class _Job:
 
 class RemoteRunner:
     """The job runner of a client over a remote batch API: runs (or resumes) one local job on
-    ``backend``, each call retried by ``retrier``. ``provider`` checks the model at
-    validation; ``on_expired`` (a provider, or None) runs what the remote batches did not."""
+    ``provider``'s backend, with its options (``poll_interval_s``, ``expiry_grace_s``,
+    ``max_attempts``), retrier and ``on_expired``."""
 
-    def __init__(
-        self,
-        backend: RemoteBatchBackend,
-        provider: Provider,
-        retrier: Retrier,
-        settings: RunSettings,
-        on_expired: Provider | None = None,
-    ) -> None:
-        self.backend = backend
+    def __init__(self, provider: RemoteBatchProvider) -> None:
         self.provider = provider
-        self.retrier = retrier
-        self.settings = settings
-        self.on_expired = on_expired
+        self.backend = provider.backend
+        self.retrier = provider.retrier
+        self.options = provider.options
 
     async def __call__(self, store: Store, running: RunningJob) -> None:
         job_id = running.job_id
         row = await to_thread.run_sync(store.job_row, job_id)
         job = _Job(store, job_id, row)
-        remaining = float(row.expires_at or 0) - time.time() + self.settings.grace_s
+        remaining = float(row.expires_at or 0) - time.time() + self.options["expiry_grace_s"]
         running.scope.deadline = anyio.current_time() + remaining
         with running.scope:
             if row.status == "validating" and not await validate_job(store, self.provider, job_id):
@@ -134,8 +113,8 @@ class RemoteRunner:
             if job.remote_cancelled:
                 await finalize(store, job_id, "cancelled")
                 return
-            if self.on_expired is not None:
-                await run_unfinished(store, self.on_expired, job_id, row)
+            if self.provider.on_expired is not None:
+                await run_unfinished(store, self.provider.on_expired, job_id, row)
             else:
                 await finalize(store, job_id, "expired")
                 return
@@ -268,7 +247,7 @@ class RemoteRunner:
                 )  # fmt: skip
             if state.ended:
                 return state
-            await anyio.sleep(self.settings.poll_interval_s)
+            await anyio.sleep(self.options["poll_interval_s"])
 
     async def _collect(self, job: _Job, part: Part, state: RemoteState) -> Part | None:
         """Commit an ended batch's results; return the part that carries what is left to
@@ -276,7 +255,7 @@ class RemoteRunner:
         assert part.batch_id is not None
         batch_id, results = part.batch_id, self.backend.results
         again = (
-            part.attempt < self.settings.max_attempts and not job.stopping and not state.cancelled
+            part.attempt < self.options["max_attempts"] and not job.stopping and not state.cancelled
         )
         dest = job.tmp("download", part.part)
         try:
