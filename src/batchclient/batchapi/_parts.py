@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -199,10 +200,12 @@ class LineCursor:
 
 @dataclass(frozen=True)
 class PartPlan:
+    """A part as written: input lines ``first_seq .. first_seq + count - 1``, ``lines`` of
+    them in its file."""
+
     first_seq: int
     count: int
     lines: int
-    bytes: int
 
 
 def write_part(
@@ -213,10 +216,14 @@ def write_part(
     limits: Limits,
     path: Path,
     encode: Encoder,
+    *,
+    whole: bool = False,
 ) -> PartPlan | None:
-    """Write the next part from ``cursor`` to ``path``; None when the input is exhausted. A
-    line that alone exceeds ``max_bytes``, or that ``encode`` refuses, is committed at once as
-    a per-item error."""
+    """Write the unfinished lines among the next ``max_lines`` of ``cursor`` to ``path``,
+    stopping before the line that would take the file over ``max_bytes`` (unless ``whole``: a
+    part written again, whose lines fitted before); None when the input is exhausted. A line
+    that ``encode`` refuses, or that alone exceeds ``max_bytes``, is committed at once as its
+    per-item error."""
     first = cursor.peek()
     if first is None:
         return None
@@ -229,70 +236,47 @@ def write_part(
     with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
-                data = _encoded(line, endpoint, encode, limits.max_bytes)
+                data = encode(line, endpoint)
+                if isinstance(data, bytes) and len(data) > limits.max_bytes:
+                    data = failed(
+                        ErrorCode.invalid_request,
+                        f"the request line is {len(data)} bytes, over the remote batch limit "
+                        f"of {limits.max_bytes} bytes (max_bytes)",
+                    )
                 if isinstance(data, Result):
                     sink.add(line, data)
+                elif size + len(data) > limits.max_bytes and not whole:
+                    break
                 else:
-                    if size + len(data) > limits.max_bytes:
-                        break
                     out.write(data)
                     size += len(data)
                     lines += 1
             last = line.seq
             cursor.advance()
     sink.flush()
-    return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines, bytes=size)
+    return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines)
 
 
-def _encoded(line: RequestLine, endpoint: str, encode: Encoder, max_bytes: int) -> bytes | Result:
-    data = encode(line, endpoint)
-    if isinstance(data, bytes) and len(data) > max_bytes:
-        return failed(
-            ErrorCode.invalid_request,
-            f"the request line is {len(data)} bytes, over the remote batch limit of "
-            f"{max_bytes} bytes (max_bytes)",
-        )
-    return data
+def rewrite_part(
+    store: Store, job_id: str, input_path: Path, part: Part, endpoint: str, path: Path,
+    encode: Encoder, max_bytes: int,
+) -> int:  # fmt: skip
+    """Write a part's file again (after a crash before its upload, or to resubmit what is
+    left of it) as :func:`write_part` does; the number of lines."""
+    with closing(LineCursor(input_path, part.first_seq)) as cursor:
+        limits = Limits(part.count, max_bytes)
+        plan = write_part(cursor, store, job_id, endpoint, limits, path, encode, whole=True)
+    return 0 if plan is None else plan.lines
 
 
 def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Iterator[RequestLine]:
     """The lines a part holds (its range less what was finished before it was written)."""
     done = store.finished_seqs(job_id, part.first_seq, part.first_seq + part.count - 1)
-    cursor = LineCursor(input_path, part.first_seq)
-    try:
+    with closing(LineCursor(input_path, part.first_seq)) as cursor:
         while (line := cursor.peek()) is not None and line.seq < part.first_seq + part.count:
             cursor.advance()
             if line.seq not in done:
                 yield line
-    finally:
-        cursor.close()
-
-
-def rewrite_part(
-    store: Store,
-    job_id: str,
-    input_path: Path,
-    part: Part,
-    endpoint: str,
-    path: Path,
-    encode: Encoder,
-    max_bytes: int,
-) -> int:
-    """Write a part's file again (after a crash before its upload, or to resubmit what is
-    left of it); the number of lines. A line ``encode`` refuses, or over ``max_bytes``, is
-    committed as its error."""
-    n = 0
-    sink = Committer(store, job_id)
-    with private_file(path) as out:
-        for line in part_lines(store, job_id, input_path, part):
-            data = _encoded(line, endpoint, encode, max_bytes)
-            if isinstance(data, Result):
-                sink.add(line, data)
-                continue
-            out.write(data)
-            n += 1
-    sink.flush()
-    return n
 
 
 def _row(job_id: str, line: RequestLine, result: Result, endpoint: Endpoint) -> ResultRow:

@@ -142,7 +142,7 @@ class RemoteRunner:
         """Write parts from input line ``start`` on; start driving each as soon as it is
         written, so its upload overlaps the writing of the next."""
         cursor = await to_thread.run_sync(LineCursor, job.input, start)
-        try:
+        with contextlib.closing(cursor):
             while True:
                 path = job.tmp("part", job.next_part)
                 plan = await to_thread.run_sync(
@@ -153,60 +153,56 @@ class RemoteRunner:
                     await anyio.Path(path).unlink(missing_ok=True)
                     return
                 part = await job.add(plan.first_seq, plan.count, 1)
-                if plan.lines == 0:  # everything in range already finished
-                    await anyio.Path(path).unlink(missing_ok=True)
-                    await job.update(part, state="collected")
-                    continue
-                tg.start_soon(self._drive, job, part, path)
-        finally:
-            cursor.close()
+                tg.start_soon(self._drive, job, part, (path, plan.lines))
 
-    async def _drive(self, job: _Job, part: Part, path: Path | None) -> None:
-        """Take one part (and its resubmissions) to ``collected``."""
+    async def _drive(self, job: _Job, part: Part, file: tuple[Path, int] | None) -> None:
+        """Take one part (and its resubmissions) to ``collected``. ``file``: its file as just
+        written and its number of lines (None: written again from its range)."""
         current: Part | None = part
         while current is not None:
             this = current
             try:
-                current = await self._drive_once(job, this, path)
+                current = await self._drive_once(job, this, file)
             except ApiError as exc:  # given up on: its lines fail, the other parts go on
-                await to_thread.run_sync(
-                    fail_part, job.store, job.id, job.input, this, str(exc), exc.status
-                )
-                await job.update(this, state="collected")
+                await self._fail(job, this, exc)
                 current = None
-            finally:
-                if path is not None:
-                    await anyio.Path(path).unlink(missing_ok=True)
-                path = None
+            file = None
 
-    async def _drive_once(self, job: _Job, part: Part, path: Path | None) -> Part | None:
+    async def _drive_once(
+        self, job: _Job, part: Part, file: tuple[Path, int] | None
+    ) -> Part | None:
         if part.state in ("planned", "uploaded"):
-            written = path is not None and await anyio.Path(path).exists()
-            file = path if written and path is not None else job.tmp("part", part.part)
+            path = job.tmp("part", part.part) if file is None else file[0]
             try:
-                if written:
-                    lines = await to_thread.run_sync(_count_lines, file)
-                else:  # after a crash, or a resubmission: what is left of its range
+                if file is None:  # after a crash, or a resubmission: what is left of its range
                     lines = await to_thread.run_sync(
-                        rewrite_part, job.store, job.id, job.input, part, job.endpoint, file,
+                        rewrite_part, job.store, job.id, job.input, part, job.endpoint, path,
                         self.backend.encode, self.backend.limits.max_bytes,
                     )  # fmt: skip
+                else:
+                    lines = file[1]
                 if lines == 0:  # everything in its range finished (or was refused) meanwhile
                     await job.update(part, state="collected")
                     return None
                 if part.state == "planned":
                     marks, upload = job.marks(part), self.backend.upload
-                    uploaded = await self.retrier.call(lambda: upload(file, lines, marks))
+                    uploaded = await self.retrier.call(lambda: upload(path, lines, marks))
                     await job.update(part, state="uploaded", input_file_id=uploaded)
-                remote_id = await self._submit(job, part, file, lines)
+                remote_id = await self._submit(job, part, path, lines)
             finally:
-                if not written:
-                    await anyio.Path(file).unlink(missing_ok=True)
+                await anyio.Path(path).unlink(missing_ok=True)
             await job.update(
                 part, state="submitted", batch_id=remote_id, remote_status="in_progress"
             )
         state = await self._wait(job, part)
         return await self._collect(job, part, state)
+
+    async def _fail(self, job: _Job, part: Part, exc: ApiError) -> None:
+        """Every unfinished line of the part fails with ``exc``; it is collected."""
+        await to_thread.run_sync(
+            fail_part, job.store, job.id, job.input, part, str(exc), exc.status
+        )
+        await job.update(part, state="collected")
 
     async def _submit(self, job: _Job, part: Part, path: Path, lines: int) -> str:
         """Create the part's remote batch, at most once: after a failure that may have created
@@ -312,12 +308,4 @@ class RemoteRunner:
             state = await self._wait(job, part)
             await self._collect(job, part, state)
         except ApiError as exc:
-            await to_thread.run_sync(
-                fail_part, job.store, job.id, job.input, part, str(exc), exc.status
-            )
-            await job.update(part, state="collected")
-
-
-def _count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(1 for _ in f)
+            await self._fail(job, part, exc)
