@@ -35,8 +35,7 @@ from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._anthropic_translate import error_of, to_completion, to_params
-from ._api import check_header_value
-from ._backend import RemoteState, error_line, ok_line, unrun_line
+from ._backend import RemoteState, check_header_value, error_line, ok_line, unrun_line
 from ._options import AnthropicBatchOptions
 from ._parts import Limits, private_file
 from ._retry import ApiError

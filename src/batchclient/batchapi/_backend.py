@@ -37,6 +37,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from .._core.request import Result
+from ..errors import ConfigurationError
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._parts import Limits
@@ -44,6 +45,7 @@ from ._parts import Limits
 __all__ = [
     "RemoteBatchBackend",
     "RemoteState",
+    "check_header_value",
     "error_line",
     "ok_line",
     "rest_line",
@@ -71,6 +73,13 @@ class RemoteState:
     @property
     def ended(self) -> bool:
         return self.status == "ended"
+
+
+def check_header_value(name: str, value: str) -> str:
+    """Refuse a header value that could split the request (CR, LF, NUL)."""
+    if any(c in value for c in "\r\n\0"):
+        raise ConfigurationError(f"{name} contains a line break or NUL")
+    return value
 
 
 def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:

@@ -36,14 +36,18 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
+
 from ..errors import ConfigurationError
 from ..jobs._runner import parse_window
+from ..types import BatchStatus
 
 __all__ = [
     "FLAVORS",
     "PRICE_NOTES",
     "Flavor",
     "FlavorSpec",
+    "RemoteBatch",
     "check_window",
     "detect_flavor",
     "flavor_of",
@@ -251,6 +255,38 @@ def read_page(
 
 
 # ---------------------------------------------------------------------- answers
+
+
+class RemoteError(BaseModel):
+    """One entry of a remote batch's ``errors.data`` (validation errors; ``line`` 1-based)."""
+
+    code: str | None = None
+    message: str | None = None
+    line: int | None = None
+    param: str | None = None
+
+
+class RemoteErrors(BaseModel):
+    data: list[RemoteError] = []
+
+
+class RemoteCounts(BaseModel):
+    completed: int = 0
+    failed: int = 0
+
+
+class RemoteBatch(BaseModel):
+    """The fields of OpenAI's ``Batch`` object this client reads (others are ignored), as
+    :func:`normalize` gives any flavour's."""
+
+    id: str
+    status: BatchStatus
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: RemoteErrors | None = None
+    request_counts: RemoteCounts | None = None
+    metadata: dict[str, Any] | None = None
 
 
 def normalize(spec: FlavorSpec, data: dict[str, Any]) -> dict[str, Any]:

@@ -85,7 +85,7 @@ class RemoteBatchProvider(Provider):
         given = resolve(BatchAPIOptions, options, who="provider 'batch-api'")
         backend = OpenAIBackend(base_url, api_key, given)
         window = given["completion_window"] or "24h"
-        check_window(backend.api.flavor, window, backend.api.base_url)
+        check_window(backend.spec, window, backend.base_url)
         return cls(
             backend, given, window, check_model=given["check_model"], tokenizer=given["tokenizer"]
         )
