@@ -259,7 +259,7 @@ class RemoteRunner:
             store, wire_id = job.store, self.backend.wire_id
             left = await to_thread.run_sync(
                 lambda: collect(
-                    store, job.id, job.input, part, [dest], wire_id=wire_id,
+                    store, job.id, job.input, part, dest, wire_id=wire_id,
                     complete=not state.partial, resubmit=again,
                 )
             )  # fmt: skip
