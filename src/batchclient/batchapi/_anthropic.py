@@ -1,22 +1,14 @@
-"""Anthropic Message Batches as a :class:`~._backend.RemoteBatchBackend`, on the official
-``anthropic`` SDK (the ``anthropic`` extra). Guide: ``docs/batch-api.md``.
+"""Anthropic Message Batches as a :class:`~._backend.RemoteBatchBackend`, on the ``anthropic``
+SDK with its own retries off (guide: ``docs/batch-api.md``, "Anthropic Message Batches").
 
 The wire (Anthropic API reference, Message Batches): ``POST /v1/messages/batches`` with inline
-``requests: [{custom_id, params}]``, ``GET /v1/messages/batches/{id}`` (``processing_status``
-``in_progress`` / ``canceling`` / ``ended``, ``request_counts``), the results as JSONL from the
-batch's ``results_url`` once it has ended (``result.type`` ``succeeded`` / ``errored`` /
-``canceled`` / ``expired``, in no guaranteed order), ``POST .../{id}/cancel`` and
+``requests: [{custom_id, params}]``, ``GET /v1/messages/batches/{id}`` (``processing_status``,
+``request_counts``), the results JSONL once it has ended (``result.type`` ``succeeded`` /
+``errored`` / ``canceled`` / ``expired``, in no guaranteed order), ``POST .../{id}/cancel`` and
 ``GET /v1/messages/batches`` (newest first). Caps: 100,000 requests or 256 MB per batch; parts
-are filled to 95% of each.
-
-``anthropic-version``: the SDK (2.x) sends ``2026-10-21``, under which ``temperature``,
-``top_p`` and ``top_k`` do not exist (one of them refuses the whole create). Every batchclient
-call carries ``temperature`` (greedy sampling is ``temperature: 0``), so this client sends
-``2023-06-01`` by default, which accepts them; with ``api_version="2026-10-21"`` a request
-carrying one is a per-item ``unsupported_parameter`` error and the rest of the batch goes.
-
-The SDK's own retries are off (``max_retries=0``): every retry is this package's, so a 429's
-or 529's ``Retry-After`` reaches the backoff.
+are filled to 95% of each. ``anthropic-version`` is ``2023-06-01`` unless ``api_version`` says
+otherwise: the SDK's own ``2026-10-21`` refuses ``temperature``, which every batchclient call
+sends (:mod:`._anthropic_translate`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,6 @@ ordering and decoding are one code for every backend), written with :func:`ok_li
   that failed as a whole);
 - ``"retryable": true``: the request may succeed in a later batch (429, 5xx, overloaded, a
   batch that failed without naming it); it is resubmitted while attempts are left.
-
-Errors: each async method is one attempt at one remote call and raises
-:class:`~._retry.ApiError` when it fails; the runner retries transient ones.
 """
 
 from __future__ import annotations
@@ -88,13 +85,11 @@ def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:
     return orjson.dumps({**key, **fields}) + b"\n"
 
 
-def ok_line(
-    wire: str, body: dict[str, Any], request_id: str | None = None, *, status: int = 200
-) -> bytes:
+def ok_line(wire: str, body: dict[str, Any], request_id: str | None = None) -> bytes:
     """A normalised answer: ``body`` in the OpenAI shape of the job's endpoint (a
     ``chat.completion`` for chat); a body JSON cannot hold is the request's
     ``bad_upstream_response``."""
-    response = {"status_code": status, "body": body, "request_id": request_id}
+    response = {"status_code": 200, "body": body, "request_id": request_id}
     try:
         return _line({"custom_id": wire}, False, response=response)
     except TypeError as exc:  # orjson: an integer over 64 bits, a value that is not JSON

@@ -5,7 +5,7 @@ skipped (its request then reads as missing), and a line whose answer is malforme
 request's ``bad_upstream_response``; the other requests of the batch keep their results.
 
 Blocking (run it through ``anyio.to_thread``) and streaming: only an index of where each
-request's line is (``custom_id`` or line number -> file and byte offset) is kept in memory.
+request's line is (``custom_id`` or line number -> byte offset) is kept in memory.
 """
 
 from __future__ import annotations

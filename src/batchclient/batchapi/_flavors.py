@@ -1,30 +1,15 @@
 """The OpenAI-shaped Batch APIs that differ from OpenAI's in small ways, normalised in one place.
 
-``BatchAPI`` speaks OpenAI's Files + Batch shape; a *flavour* says how one provider departs from
-it, and every departure is translated here so the runner only ever sees OpenAI's ``Batch``
-object (lower-case statuses, Unix timestamps, ``request_counts``, ``errors.data``):
-
-- ``openai``: OpenAI itself, and any server that copies it (``batchclient serve``, vLLM).
-- ``together``: Together AI. Files are uploaded with purpose ``batch-api``; statuses are
-  upper-case (``VALIDATING``, ``IN_PROGRESS``, ``COMPLETED``, ``FAILED``, ``EXPIRED``,
-  ``CANCELLED``); timestamps are ISO-8601 strings (``job_deadline`` is the expiry); a create is
-  answered ``{"job": {...}, "warning": ...}``; ``GET /batches`` answers a bare JSON array (no
-  paging); a batch has no ``metadata`` and no ``request_counts`` (only ``progress`` in percent);
-  the window is fixed at 24 h.
-- ``groq``: GroqCloud (``https://api.groq.com/openai/v1``). OpenAI's shape; the window may be
-  anything from 24 h to 7 d. Its list call takes no paging parameters in its own SDK: the pager
-  follows ``has_more`` / ``last_id`` (a cursor) when they are sent and stops otherwise.
-- ``mistral``: Mistral AI's batch jobs (``/batch/jobs``): ``{"input_files": [...], "model",
-  "endpoint", "metadata", "timeout_hours"}`` on create (the model is read from the file's first
-  line), states ``QUEUED``, ``RUNNING``, ``SUCCESS``, ``FAILED``, ``TIMEOUT_EXCEEDED``,
-  ``CANCELLATION_REQUESTED``, ``CANCELLED``; ``output_file`` / ``error_file``;
-  ``total_requests`` / ``succeeded_requests`` / ``failed_requests``; pages numbered from 0 with
-  ``page_size`` and ``total``.
+:class:`~._openai.OpenAIBackend` speaks OpenAI's Files + Batch shape; a *flavour* (``openai``,
+also any server that copies it; ``together``; ``groq``; ``mistral``) says how one provider
+departs from it, as data (:data:`FLAVORS`) and the functions at the edges of the wire
+(:func:`create_body`, :func:`list_params` out; :func:`normalize`, :func:`read_page` in), so the
+runner only ever sees OpenAI's ``Batch`` object. ``docs/batch-api.md`` ("The flavours side by
+side", "What was checked, and what is assumed") lists each departure and its source.
 
 A status no table knows is read as ``in_progress`` (logged once per status): the batch keeps
 being polled, and the local job's window bounds the wait; an unknown word never ends a batch
-early or crashes the client. ``docs/batch-api.md`` lists what was verified against each
-provider's reference and what is assumed.
+early or crashes the client.
 """
 
 from __future__ import annotations

@@ -1,29 +1,23 @@
-"""The Gemini Batch API (Developer API) as a remote batch backend, on the ``google-genai`` SDK.
+"""The Gemini Batch API (Developer API) as a :class:`~._backend.RemoteBatchBackend`, on the
+``google-genai`` SDK with its own retries off (guide: ``docs/batch-api.md``, "Gemini Batch API").
 
-Wire (what ``client.aio.batches`` / ``client.aio.files`` send): a part of at most
-``inline_bytes`` goes inline (``models/{model}:batchGenerateContent`` with
-``inputConfig.requests``, each request's ``metadata.key`` its wire id); a larger one is uploaded
-as a JSONL of ``{"key", "request"}`` lines (resumable ``upload/{version}/files``) and created
-with ``inputConfig.fileName``. The batch carries its job and part in ``displayName``, so a
-create whose answer was lost is found again in ``GET batches``. Polls read ``JOB_STATE_*`` (the
-REST ``BATCH_STATE_*``) and ``batchStats``. Results: ``inlinedResponses``
-(by ``metadata.key``) or the ``responsesFile`` (lines by ``key``), in any order, each answer
-translated to a ``chat.completion`` (:mod:`._gemini_translate`). Results are read from the
-operation's JSON (not the SDK's types), so one malformed answer is its own request's
-``bad_upstream_response`` and the others keep theirs.
-
-Per-request errors are ``google.rpc.Status`` objects: ``UNAVAILABLE``, ``INTERNAL``,
-``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable (submitted again while attempts
-are left), the others final. The SDK's own retries are off: every retry is the runner's, so a
-429's ``Retry-After`` reaches the backoff.
+A part of at most ``inline_bytes`` goes inline in the create (``batchGenerateContent``), a
+larger one is uploaded first as a JSONL of ``{"key", "request"}`` lines (:mod:`._gemini_files`);
+the batch's ``displayName`` names its job and part, so a create whose answer was lost is found
+again in ``GET batches``. Polls and results read the batch operation's JSON, not the SDK's types
+(:meth:`GeminiBackend._operation`), each answer translated to a ``chat.completion``
+(:mod:`._gemini_translate`): one malformed answer is its own request's
+``bad_upstream_response``. Per-request ``google.rpc.Status`` errors ``UNAVAILABLE``,
+``INTERNAL``, ``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable, the others final.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import orjson
@@ -45,16 +39,17 @@ if TYPE_CHECKING:
 
 __all__ = ["GEMINI_URL", "INLINE_BYTES", "INLINE_CAP", "MAX_BYTES", "MAX_LINES", "GeminiBackend"]
 
+T = TypeVar("T")
+
 GEMINI_URL = "https://generativelanguage.googleapis.com"
 MAX_BYTES = int(0.95 * 2 * 1024**3)
 """95% of Gemini's 2 GB cap on a batch input file."""
 INLINE_CAP = int(0.95 * 20 * 1024**2)
 """95% of Gemini's 20 MB cap on an inline batch request: the most ``inline_bytes`` may be."""
 INLINE_BYTES = 1024**2
-"""Parts up to this size go inline by default. Inline requests pass through the SDK's pydantic
-types both ways, which costs far more than an upload: 10,000 short requests (3.5 MB) took
-28-38 s inline against 6.5-8 s as an uploaded file, at 123 MiB above the baseline against
-72 MiB (``bench/gemini_batch.py``). Small parts go inline: one call fewer."""
+"""Parts up to this size go inline by default (one call fewer): inline requests pass through the
+SDK's pydantic types both ways, far slower than an upload for large parts (``docs/batch-api.md``
+has the figures)."""
 MAX_LINES = 100_000
 """Requests in one remote batch: Gemini documents no count cap; smaller batches finish (and
 are resubmitted) in smaller pieces."""
@@ -134,16 +129,21 @@ class GeminiBackend:
         if client is not None:
             await client.aio.aclose()
 
-    def _error(self, what: str, exc: BaseException) -> ApiError:
-        """An SDK or transport failure as an :class:`ApiError` the runner can retry."""
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One SDK call; an HTTP answer it failed with, or any other failure (transient), as
+        :class:`ApiError`."""
         from google.genai import errors
 
-        if isinstance(exc, errors.APIError) and exc.code:
+        try:
+            return await fn()
+        except Exception as exc:
+            if not isinstance(exc, errors.APIError) or not exc.code:
+                raise ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True) from None
             headers = getattr(exc.response, "headers", None)
             retry_after = headers.get("Retry-After") if headers is not None else None
             message = exc.message or exc.status or ""
-            return ApiError.http(what, exc.code, message, retry_after, self._retry_after_cap_s)
-        return ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
+            cap_s = self._retry_after_cap_s
+            raise ApiError.http(what, exc.code, message, retry_after, cap_s) from None
 
     def _aio(self) -> Any:
         if self._client is None:
@@ -186,10 +186,10 @@ class GeminiBackend:
         if size <= self.inline_bytes:
             return None
         config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
-        try:
-            uploaded = await self._aio().files.upload(file=str(path), config=config)
-        except Exception as exc:
-            raise self._error("upload the batch input file", exc) from None
+        uploaded = await self._call(
+            "upload the batch input file",
+            lambda: self._aio().files.upload(file=str(path), config=config),
+        )
         if not uploaded.name:
             raise ApiError("upload: the answer names no file", status=200, transient=True)
         return str(uploaded.name)
@@ -207,10 +207,9 @@ class GeminiBackend:
         else:
             model = await to_thread.run_sync(first_model, path)
             src, what = upload, f"create a batch from {upload}"
-        try:
-            job = await self._aio().batches.create(model=model, src=src, config=config)
-        except Exception as exc:
-            raise self._error(what, exc) from None
+        job = await self._call(
+            what, lambda: self._aio().batches.create(model=model, src=src, config=config)
+        )
         if not job.name:
             raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
         return str(job.name)
@@ -219,7 +218,8 @@ class GeminiBackend:
         self, upload: str | None, marks: dict[str, str], lines: int, since: float
     ) -> str | None:
         name = _display_name(marks)
-        try:
+
+        async def scan() -> str | None:
             pager = await self._aio().batches.list(config={"page_size": 100})
             seen = 0
             async for job in pager:
@@ -228,9 +228,9 @@ class GeminiBackend:
                 seen += 1
                 if seen >= 2000:  # newest first: an older batch is no lost create of ours
                     return None
-        except Exception as exc:
-            raise self._error("list batches", exc) from None
-        return None
+            return None
+
+        return await self._call("list batches", scan)
 
     # ------------------------------------------------------------------ state and results
 
@@ -238,10 +238,9 @@ class GeminiBackend:
         """The batch operation's JSON, through the SDK's own transport (same key, base URL and
         errors): the SDK's ``BatchJob`` drops ``batchStats`` in Developer API mode, and its
         parse would refuse a whole batch for one malformed answer."""
-        try:
-            response = await self._aio()._api_client.async_request("get", remote_id, {})
-        except Exception as exc:
-            raise self._error(f"get {remote_id}", exc) from None
+        response = await self._call(
+            f"get {remote_id}", lambda: self._aio()._api_client.async_request("get", remote_id, {})
+        )
         try:
             data = orjson.loads(response.body or b"{}")
         except orjson.JSONDecodeError:
@@ -297,22 +296,18 @@ class GeminiBackend:
                 out.write(rest_line(ErrorCode.batch_failed.value, why, retryable=True))
 
     async def _download(self, file_name: str, dest: Path) -> None:
-        files = self._aio().files
-        streams = "destination" in inspect.signature(files.download).parameters
-        try:
+        async def save() -> None:
+            files = self._aio().files
             with private_file(dest) as f:
-                if streams:
+                if "destination" in inspect.signature(files.download).parameters:
                     await files.download(file=file_name, destination=f)
                 else:  # SDKs before download(destination=) hand the whole file back
                     f.write(await files.download(file=file_name))
-        except Exception as exc:
-            raise self._error(f"download {file_name}", exc) from None
+
+        await self._call(f"download {file_name}", save)
 
     async def cancel(self, remote_id: str) -> None:
-        try:
-            await self._aio().batches.cancel(name=remote_id)
-        except Exception as exc:
-            raise self._error(f"cancel {remote_id}", exc) from None
+        await self._call(f"cancel {remote_id}", lambda: self._aio().batches.cancel(name=remote_id))
 
 
 def _object(value: Any) -> dict[str, Any]:

@@ -21,10 +21,9 @@ from .._routing.settings import RetryPolicy
 __all__ = ["AnthropicBatchOptions", "BatchAPIOptions", "GeminiBatchOptions", "RemoteBatchOptions"]
 
 POLL_INTERVAL_S = 10.0
-"""Every batch API's default poll interval: a remote batch takes minutes to hours, so polling
-every 10 s adds little to its wait (and a `batchclient serve` batch of a few seconds is not held
-up half a minute), while six polls a minute per running batch stay far under every provider's
-request limits."""
+"""Every batch API's default poll interval: little next to a remote batch's minutes to hours (a
+``batchclient serve`` batch of seconds is not held up), and six polls a minute per batch stay
+far under every provider's request limits."""
 
 
 class RemoteBatchOptions(TypedDict, total=False):

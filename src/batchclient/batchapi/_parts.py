@@ -1,10 +1,6 @@
-"""The remote batches ("parts") of one local job: their records, and writing their input files
-from the job's input (their results come back through :mod:`._collect`).
-
-Records (:class:`RemoteIds`, schema ``batchapi`` in the jobs' database): ``remote_parts`` (each
-remote batch a job owns: its range of input lines, its uploaded file and remote batch ids, when
-its create was first sent, last seen status and request counts) and ``remote_calls`` (the job
-behind each call, by content key, so a repeated call re-attaches).
+"""The remote batches ("parts") of one local job: their records (:class:`RemoteIds`, schema
+``batchapi`` in the jobs' database: :class:`Part` and :class:`RemoteCall` rows), and their
+input files, written from the job's input (their results come back through :mod:`._collect`).
 
 A part covers a range of the job's input lines (``first_seq .. first_seq + count - 1``, at most
 ``max_lines`` long) and holds the lines of that range that were not finished when it was written,
@@ -12,8 +8,7 @@ in input order, up to ``max_bytes``. The same range and the same finished set al
 lines, so a part's file can be written again after a crash, and a remote error's 1-based ``line``
 maps back to its input line.
 
-Everything here is blocking (run it through ``anyio.to_thread``) and streams: a part file is
-written line by line.
+Everything here is blocking (run it through ``anyio.to_thread``) and streams.
 """
 
 from __future__ import annotations
@@ -179,7 +174,7 @@ line's per-item error; the line is not sent)."""
 class LineCursor:
     """The request lines of a job's input file from ``start``, with one line of look-ahead."""
 
-    def __init__(self, path: Path, start: int = 0) -> None:
+    def __init__(self, path: Path, start: int) -> None:
         self._file: IO[bytes] = path.open("rb")
         self._lines = iter_requests(self._file)
         self._next: RequestLine | None = None
@@ -279,11 +274,6 @@ def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Itera
                 yield line
 
 
-def _row(job_id: str, line: RequestLine, result: Result, endpoint: Endpoint) -> ResultRow:
-    # the line's endpoint decides how its answer is checked (a completion has no message)
-    return row_for(job_id, request_for(line.seq, line.custom_id, line.body, endpoint), result)
-
-
 class Committer:
     """A job's result rows, committed ``_COMMIT_EVERY`` at a time (and by :meth:`flush`)."""
 
@@ -292,7 +282,9 @@ class Committer:
         self.endpoint = Endpoint(store.job_row(job_id).endpoint)
 
     def add(self, line: RequestLine, result: Result) -> None:
-        self.rows.append(_row(self.job_id, line, result, self.endpoint))
+        # the job's endpoint decides how an answer is checked (a completion has no message)
+        request = request_for(line.seq, line.custom_id, line.body, self.endpoint)
+        self.rows.append(row_for(self.job_id, request, result))
         if len(self.rows) >= _COMMIT_EVERY:
             self.flush()
 

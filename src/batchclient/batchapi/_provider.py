@@ -1,16 +1,10 @@
 """``RemoteBatchProvider``: a provider's batch API (a :class:`~._backend.RemoteBatchBackend`) as
-a :class:`~batchclient.Provider`, one class for every backend.
-
-The batch clients use it for the connection, identity, model check and options, and run whole
-calls and jobs as remote batches (:class:`~._execution.RemoteBatchExecution`).
-:meth:`RemoteBatchProvider.execute` runs one request as a one-request remote batch (not
-durable), for code that only knows the ``Provider`` interface: correct, but each request waits
-for its own batch.
-"""
+a :class:`~batchclient.Provider`, one class for every backend: the connection, identity, model
+check and options of the batch clients, which run whole calls and jobs as remote batches
+(:class:`~._execution.RemoteBatchExecution`)."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Unpack
@@ -198,27 +192,25 @@ class RemoteBatchProvider(Provider):
         return known
 
     async def execute(self, request: Request) -> Result:
+        """``request`` as a one-request remote batch (not durable), for code that only knows
+        the ``Provider`` interface: correct, but each request waits for its own batch."""
         line = RequestLine(seq=0, line=1, custom_id="0", body=request.body)
         endpoint = request.endpoint.value
         data = self.backend.encode(line, endpoint)
         if isinstance(data, Result):
             return data
-        fd, name = tempfile.mkstemp(prefix="batchclient-", suffix=".jsonl")
-        path = Path(name)
-        dest = path.with_suffix(".results")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return await self._one(path, dest, endpoint, self.backend.wire_id(line))
-        except ApiError as exc:
-            code = ErrorCode.endpoint_unavailable if exc.status is None else ErrorCode.server_error
-            return failed(code, str(exc), status_code=exc.status)
-        finally:
-            await anyio.Path(path).unlink(missing_ok=True)
-            await anyio.Path(dest).unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(prefix="batchclient-") as tmp:  # mode 0700
+            path = Path(tmp, "request.jsonl")
+            await anyio.Path(path).write_bytes(data)
+            try:
+                return await self._one(path, endpoint, self.backend.wire_id(line))
+            except ApiError as exc:
+                unreached = exc.status is None
+                code = ErrorCode.endpoint_unavailable if unreached else ErrorCode.server_error
+                return failed(code, str(exc), status_code=exc.status)
 
-    async def _one(self, path: Path, dest: Path, endpoint: str, wire: str) -> Result:
-        backend = self.backend
+    async def _one(self, path: Path, endpoint: str, wire: str) -> Result:
+        backend, dest = self.backend, path.with_suffix(".results")
         upload = await self.retrier.call(lambda: backend.upload(path, 1, {}))
         # one attempt: a create is not idempotent, and nothing records this one to look for
         remote_id = await backend.submit(upload, path, endpoint, self.completion_window, {})

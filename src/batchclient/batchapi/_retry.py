@@ -1,11 +1,7 @@
-"""Retries of one remote batch API call, for every backend: tenacity, as the remote provider's.
-
-A backend's call is one attempt that raises :class:`ApiError` when it fails; :class:`Retrier`
-retries the transient ones (connection errors, timeouts, 408/409/429/5xx, a malformed answer)
-after the server's ``Retry-After`` when it sent one, else after ``backoff_initial_s`` doubling
-up to ``backoff_max_s`` (:class:`~batchclient.remote.RetryPolicy`). The wait is tenacity's, which is
-capped before it is computed too large to hold (a float overflows at the 1,024th doubling), so a
-remote batch polled for days through an outage keeps being polled.
+"""Retries of one remote batch API call, for every backend: tenacity, with the remote provider's
+wait (:class:`~batchclient._routing.retry.RetryWait`), which is capped before it is computed too
+large to hold (a float overflows at the 1,024th doubling), so a remote batch polled for days
+through an outage keeps being polled.
 """
 
 from __future__ import annotations
@@ -59,9 +55,11 @@ def _transient(exc: BaseException) -> bool:
 
 
 class Retrier:
-    """``max_retries`` retries of a transient :class:`ApiError`, waiting as ``retry`` says."""
+    """``max_retries`` retries of a transient :class:`ApiError` (a connection error, a timeout,
+    408/409/429/5xx, a malformed answer), after the server's ``Retry-After`` when it sent one,
+    else after ``retry``'s backoff (:class:`~batchclient.remote.RetryPolicy`)."""
 
-    def __init__(self, max_retries: int = 8, retry: RetryPolicy = RetryPolicy()) -> None:
+    def __init__(self, max_retries: int, retry: RetryPolicy) -> None:
         self.max_retries = max_retries
         self.retry = retry
         # jitter of at most the first wait: tiny backoffs (tests) stay tiny
