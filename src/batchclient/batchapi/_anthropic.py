@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -261,13 +262,9 @@ def _normalised(raw: str) -> bytes:
     kind = result.get("type") if isinstance(result, dict) else None
     if kind == "succeeded" and isinstance(result, dict) and isinstance(result.get("message"), dict):
         message = result["message"]
-        try:
-            body = to_completion(message)
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
-            return error_line(wire, ErrorCode.bad_upstream_response.value, why)
         request_id = message.get("id")
-        return ok_line(wire, body, request_id if isinstance(request_id, str) else None)
+        translate = partial(to_completion, message)
+        return ok_line(wire, translate, request_id if isinstance(request_id, str) else None)
     if kind == "errored" and isinstance(result, dict):
         code, message_text, retryable = error_of(result.get("error"))
         return error_line(wire, code, message_text, retryable=retryable)

@@ -27,6 +27,7 @@ ordering and decoding are one code for every backend), written with :func:`ok_li
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -44,6 +45,7 @@ __all__ = [
     "RemoteState",
     "check_header_value",
     "error_line",
+    "json_lines",
     "ok_line",
     "rest_line",
     "unrun_line",
@@ -85,11 +87,17 @@ def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:
     return orjson.dumps({**key, **fields}) + b"\n"
 
 
-def ok_line(wire: str, body: dict[str, Any], request_id: str | None = None) -> bytes:
-    """A normalised answer: ``body`` in the OpenAI shape of the job's endpoint (a
-    ``chat.completion`` for chat); a body JSON cannot hold is the request's
-    ``bad_upstream_response``."""
-    response = {"status_code": 200, "body": body, "request_id": request_id}
+def ok_line(
+    wire: str, translate: Callable[[], dict[str, Any]], request_id: str | None = None
+) -> bytes:
+    """A normalised answer: the body ``translate()`` gives in the OpenAI shape of the job's
+    endpoint (a ``chat.completion`` for chat); an answer it cannot read (it raises) or that JSON
+    cannot hold is the request's ``bad_upstream_response``."""
+    try:
+        response = {"status_code": 200, "body": translate(), "request_id": request_id}
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
+        return error_line(wire, "bad_upstream_response", why)
     try:
         return _line({"custom_id": wire}, False, response=response)
     except TypeError as exc:  # orjson: an integer over 64 bits, a value that is not JSON
@@ -122,6 +130,17 @@ def unrun_line(wire: str, why: Literal["expired", "cancelled"]) -> bytes:
 def rest_line(code: str, message: str, *, retryable: bool) -> bytes:
     """What every request the results do not name got (a batch that failed as a whole)."""
     return _line({"rest": True}, retryable, error={"code": code, "message": message})
+
+
+def json_lines(path: Path) -> Iterator[Any]:
+    """The JSON values of a downloaded results file, one a line; a line that is not JSON names
+    no request and is left out (its request then reads as missing)."""
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                yield orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
 
 
 class RemoteBatchBackend(Protocol):

@@ -38,7 +38,7 @@ from .._routing.retry import RETRYABLE_STATUS
 from ..errors import ConfigurationError
 from ..jobs._validate import RequestLine
 from ..types import BatchStatus, Endpoint
-from ._backend import RemoteState, check_header_value, error_line, rest_line
+from ._backend import RemoteState, check_header_value, error_line, json_lines, rest_line
 from ._flavors import RemoteBatch, create_body, flavor_of, list_params, normalize, read_page
 from ._options import BatchAPIOptions
 from ._parts import Limits, batch_line, private_file
@@ -313,19 +313,11 @@ def _write_failure(batch: RemoteBatch, dest: Path) -> None:
 def _append_marked(raw: Path, dest: Path) -> None:
     """Append the downloaded output or error file ``raw`` to ``dest``, each line a request
     may get otherwise in a later batch marked ``retryable``."""
-    with raw.open("rb") as src, dest.open("ab") as out:
-        for line in src:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                out.write(line.rstrip(b"\n") + b"\n")  # names no request: read as missing
-                continue
+    with dest.open("ab") as out:
+        for obj in json_lines(raw):
             if _retryable(obj):
                 obj["retryable"] = True
-                line = orjson.dumps(obj)
-            out.write(line.rstrip(b"\n") + b"\n")
+            out.write(orjson.dumps(obj) + b"\n")
 
 
 def _retryable(obj: Any) -> bool:
