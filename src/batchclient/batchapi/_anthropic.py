@@ -170,10 +170,9 @@ class AnthropicBackend:
         data = await anyio.Path(path).read_bytes()
         body = b'{"requests":[' + b",".join(data.splitlines()) + b"]}"
         del data
-        client = self._sdk()
         batch = await self._call(
             "POST /v1/messages/batches",
-            lambda: client.post(
+            lambda: self._sdk().post(
                 "/v1/messages/batches",
                 cast_to=MessageBatch,
                 content=body,
@@ -189,11 +188,10 @@ class AnthropicBackend:
         """Message Batches carry no labels: the one batch of ``lines`` requests created since
         ``since`` (newest first, a few pages) that this process did not make or adopt for
         another part; None when there is none or more than one."""
-        client = self._sdk()
         found: list[str] = []
 
         async def scan() -> None:
-            page = await client.messages.batches.list(limit=100)
+            page = await self._sdk().messages.batches.list(limit=100)
             for _ in range(5):
                 for batch in page.data:
                     if batch.created_at.timestamp() < since - _FIND_SLACK_S:
@@ -213,10 +211,9 @@ class AnthropicBackend:
         return found[0]
 
     async def poll(self, remote_id: str) -> RemoteState:
-        client = self._sdk()
         batch = await self._call(
             f"GET /v1/messages/batches/{remote_id}",
-            lambda: client.messages.batches.retrieve(remote_id),
+            lambda: self._sdk().messages.batches.retrieve(remote_id),
         )
         c = batch.request_counts
         status = batch.processing_status
@@ -228,10 +225,8 @@ class AnthropicBackend:
         )
 
     async def results(self, remote_id: str, dest: Path) -> None:
-        client = self._sdk()
-
         async def read() -> None:
-            stream = client.messages.batches.with_streaming_response.results(remote_id)
+            stream = self._sdk().messages.batches.with_streaming_response.results(remote_id)
             async with stream as response:
                 with private_file(dest) as out:
                     async for raw in response.iter_lines():
@@ -241,10 +236,9 @@ class AnthropicBackend:
         await self._call(f"GET /v1/messages/batches/{remote_id}/results", read)
 
     async def cancel(self, remote_id: str) -> None:
-        client = self._sdk()
         await self._call(
             f"POST /v1/messages/batches/{remote_id}/cancel",
-            lambda: client.messages.batches.cancel(remote_id),
+            lambda: self._sdk().messages.batches.cancel(remote_id),
         )
 
 

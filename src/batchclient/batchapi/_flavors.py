@@ -51,7 +51,8 @@ class FlavorSpec:
 
     ``max_lines`` / ``max_bytes``: its limits for one batch input file (the client's defaults).
     ``windows``: the shortest and longest ``completion_window`` in seconds it accepts (None:
-    any). ``hours``: the window is sent as whole hours (``timeout_hours``).
+    any; ``openai``'s hold on OpenAI's own host only). ``metadata``: its batches keep labels.
+    ``needs_model``: a create names the model.
     """
 
     name: Flavor
@@ -77,7 +78,7 @@ _OPENAI_STATUSES = {
 FLAVORS: dict[str, FlavorSpec] = {
     "openai": FlavorSpec(
         "openai", ("api.openai.com",), "batch", "/batches", 50_000, 200 * 1024 * 1024,
-        None, _OPENAI_STATUSES,
+        (_DAY, _DAY), _OPENAI_STATUSES,
     ),
     "together": FlavorSpec(
         "together", ("api.together.xyz", "api.together.ai"), "batch-api", "/batches",
@@ -158,9 +159,8 @@ def check_window(spec: FlavorSpec, window: str, base_url: str) -> float:
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     bounds = spec.windows
-    if spec.name == "openai" and detect_flavor(base_url) == "openai":
-        host = (urlsplit(base_url).hostname or "").lower()
-        bounds = (_DAY, _DAY) if host in spec.hosts else None  # other servers: their rules
+    if spec.name == "openai" and (urlsplit(base_url).hostname or "").lower() not in spec.hosts:
+        bounds = None  # another server shaped like OpenAI's: its own rules
     if bounds is not None and not bounds[0] <= seconds <= bounds[1]:
         low, high = (_span(b) for b in bounds)
         allowed = f"only {low}" if low == high else f"from {low} to {high}"

@@ -160,13 +160,12 @@ class RemoteRunner:
         written and its number of lines (None: written again from its range)."""
         current: Part | None = part
         while current is not None:
-            this = current
             try:
-                current = await self._drive_once(job, this, file)
+                again = await self._drive_once(job, current, file)
             except ApiError as exc:  # given up on: its lines fail, the other parts go on
-                await self._fail(job, this, exc)
-                current = None
-            file = None
+                await self._fail(job, current, exc)
+                return
+            current, file = again, None
 
     async def _drive_once(
         self, job: _Job, part: Part, file: tuple[Path, int] | None
@@ -207,12 +206,10 @@ class RemoteRunner:
     async def _submit(self, job: _Job, part: Part, path: Path, lines: int) -> str:
         """Create the part's remote batch, at most once: after a failure that may have created
         it (no answer, a 5xx) or a crash after its create went out, look for it first."""
-        marks = job.marks(part)
         search = part.sent_at is not None
-        if part.sent_at is None:
+        if not search:
             await job.update(part, sent_at=time.time())
-        assert part.sent_at is not None
-        since = part.sent_at
+        marks, since = job.marks(part), part.sent_at or 0.0
         async for attempt in self.retrier.attempts():
             with attempt:
                 if search:
