@@ -1,19 +1,9 @@
 """OpenAI chat bodies to Anthropic Messages requests, and Anthropic answers back to OpenAI
 ``chat.completion`` bodies (Anthropic API reference: Messages, Message Batches).
 
-Kept: ``model``; ``messages`` (``system`` / ``developer`` turns -> top-level ``system``; text
-and image parts; assistant ``tool_calls`` -> ``tool_use`` blocks; ``tool`` turns ->
-``tool_result`` blocks in a user turn); ``max_tokens`` / ``max_completion_tokens`` (default
-``max_tokens``: Anthropic requires one); ``stop`` -> ``stop_sequences``; ``temperature``,
-``top_p``, ``top_k`` (only under an ``anthropic-version`` that accepts them); ``tools``,
-``tool_choice``, ``parallel_tool_calls: false``; ``response_format`` ``json_schema`` ->
-``output_config.format``; ``user`` -> ``metadata.user_id``. Fields at their neutral value
-(``n: 1``, ``stream: false``, zero penalties, ...) are accepted and not sent.
-
-Refused per item (``unsupported_parameter``, ``param`` naming the field): any other field, or
-one of the above Anthropic cannot take as given (``n > 1``, ``logprobs``, ``seed``,
-``response_format`` ``json_object``, a ``system`` turn after the conversation started, ...).
-Nothing is dropped silently.
+What is kept, and what is refused per item (``unsupported_parameter``, ``param`` naming the
+field; nothing is dropped silently, and a field at its neutral value, ``n: 1``, zero penalties,
+..., is accepted and not sent): ``docs/batch-api.md``, "Anthropic Message Batches".
 """
 
 from __future__ import annotations

@@ -105,12 +105,7 @@ def ok_line(
 
 
 def error_line(
-    wire: str | int,
-    code: str,
-    message: str,
-    *,
-    retryable: bool = False,
-    param: str | None = None,
+    wire: str | int, code: str, message: str, *, retryable: bool = False, param: str | None = None
 ) -> bytes:
     """A normalised per-item error (``code`` an :class:`~batchclient.ErrorCode` value);
     ``wire`` an ``int``: the request on that line (1-based) of the part's file."""

@@ -118,20 +118,17 @@ class RemoteBatchExecution(Execution):
             earlier = next((j.id for j in jobs if (j.metadata or {}).get(CALL_MARK) == key), None)
         elif not previous.delivered:
             earlier = previous.job_id
-        if earlier is not None:
-            job = await manager.info(earlier)
-            if job.status != "failed":  # re-attach: the file is already there
-                await to_thread.run_sync(store.delete_file, file_id)
-                await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job.id))
-                return job.id, key
-        batch = await manager.schedule(
-            file_id,
-            endpoint=endpoint,
-            completion_window=window,
-            metadata={CALL_MARK: key},
-        )
-        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, batch.id))
-        return batch.id, key
+        if earlier is not None and (await manager.info(earlier)).status != "failed":
+            job_id = earlier  # re-attach: the file is already there
+            await to_thread.run_sync(store.delete_file, file_id)
+        else:
+            metadata = {CALL_MARK: key}
+            batch = await manager.schedule(
+                file_id, endpoint=endpoint, completion_window=window, metadata=metadata
+            )
+            job_id = batch.id
+        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job_id))
+        return job_id, key
 
     async def _report(
         self, manager: JobManager, job_id: str, calls: _CallRequests, started: float,

@@ -1,11 +1,6 @@
-"""The options of the remote batch providers, declared once (``batchclient._options``).
-
-:class:`RemoteBatchOptions` is what every batch API takes; each backend's ``TypedDict`` extends
-it with its own (:class:`BatchAPIOptions`: ``flavor``, ``check_model``, ``tokenizer``;
-:class:`AnthropicBatchOptions`: ``api_version``, ``max_tokens``;
-:class:`GeminiBatchOptions`: ``inline_bytes``). The provider resolves them
-(:func:`~batchclient._options.resolve`); the clients take them as ``**options: Unpack[...]``
-and list them in their docstrings (:func:`~batchclient._options.document`).
+"""The options of the remote batch providers, declared once (``batchclient._options``):
+:class:`RemoteBatchOptions`, what every batch API takes, extended by each backend's own
+(:class:`BatchAPIOptions`, :class:`AnthropicBatchOptions`, :class:`GeminiBatchOptions`).
 """
 
 from __future__ import annotations
@@ -163,8 +158,7 @@ class AnthropicBatchOptions(RemoteBatchOptions, total=False):
         ),
     ]
     max_tokens: Annotated[
-        int,
-        Option(4096, "max_tokens of a request that sets none (Anthropic requires one)."),
+        int, Option(4096, "max_tokens of a request that sets none (Anthropic requires one).")
     ]
 
 
