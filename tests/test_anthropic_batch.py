@@ -123,7 +123,7 @@ def test_a_field_anthropic_cannot_honour_is_refused_never_dropped(
 
 def test_sampling_fields_under_a_version_without_them_name_the_way_out() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0.9}
-    refused = to_params(body, max_tokens=10, sampling=False, api_version="2026-10-21")
+    refused = to_params(body, max_tokens=10, api_version="2026-10-21")
     assert not isinstance(refused, dict) and refused.error is not None
     assert refused.error.code == "unsupported_parameter" and refused.error.param == "top_p"
     assert "2023-06-01" in refused.error.message

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 
 from batchclient import BatchAPIBatchInference, ConfigurationError
-from batchclient.batchapi._api import BatchAPI
+from batchclient.batchapi import RemoteBatchProvider
 from batchclient.batchapi._flavors import FLAVORS, detect_flavor, normalize, status_of
 from batchclient.batchapi._openai import OpenAIBackend
-from batchclient.batchapi._retry import Retrier
 from batchclient.cli import main
 from batchclient.remote import RetryPolicy
 from batchclient.testing import BatchAPIStub
@@ -31,6 +30,16 @@ def client(stub: BatchAPIStub, state: Path, **kwargs: Any) -> BatchAPIBatchInfer
     return BatchAPIBatchInference(
         stub.url, poll_interval_s=0.02, retry=FAST, state_dir=state, **kwargs
     )
+
+
+def provider(stub: BatchAPIStub) -> RemoteBatchProvider:
+    options: dict[str, Any] = {"flavor": stub.flavor, "retry": FAST}
+    return RemoteBatchProvider.batch_api(stub.url, **options)
+
+
+def backend(provider: RemoteBatchProvider) -> OpenAIBackend:
+    assert isinstance(provider.backend, OpenAIBackend)
+    return provider.backend
 
 
 def convo(texts: list[str]) -> list[list[dict[str, str]]]:
@@ -100,28 +109,36 @@ async def test_find_pages_through_the_batch_list(tmp_path: Path, flavor: str) ->
     path = tmp_path / "in.jsonl"
     path.write_bytes(line)
     with BatchAPIStub(flavor=flavor, page_cap=2) as stub:
-        async with BatchAPI(stub.url, flavor=flavor, retrier=Retrier(retry=FAST)) as api:
+        async with provider(stub) as p:
+            api = backend(p)
             api.page_size = 2
-            files = [await api.upload(path, "in.jsonl") for _ in range(5)]
-            for n, file_id in enumerate(files):
-                await api.create(file_id, "/v1/chat/completions", "24h", {"n": str(n)})
-            found = await api.find(files[0], {"n": "0"})
+            files = [await api.upload(path, 1, {}) for _ in range(5)]
+            created = [
+                await api.submit(file_id, path, "/v1/chat/completions", "24h", {"n": str(n)})
+                for n, file_id in enumerate(files)
+            ]
+            found = await api.find(files[0], {"n": "0"}, 1, 0.0)
             assert stub.stats.lists == 3
-            assert found is not None and found.input_file_id == files[0]
-            assert await api.find("file-none", {"n": "0"}) is None
+            assert found is not None and found == created[0]
+            assert await api.find("file-none", {"n": "0"}, 1, 0.0) is None
 
 
 async def test_together_list_is_one_unpaged_array(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"custom_id": "0", "body": {"model": "m", "messages": []}}\n')
     with BatchAPIStub(flavor="together", page_cap=1) as stub:
-        async with BatchAPI(stub.url, flavor="together", retrier=Retrier(retry=FAST)) as api:
-            files = [await api.upload(path, "in.jsonl") for _ in range(3)]
-            for file_id in files:
-                created = await api.create(file_id, "/v1/chat/completions", "24h", {})
-                assert created.status == "validating"  # VALIDATING, inside {"job": ...}
-            found = await api.find(files[0], {"batchclient_job": "ignored: no metadata"})
-            assert found is not None and found.input_file_id == files[0]
+        async with provider(stub) as p:
+            api = backend(p)
+            files = [await api.upload(path, 1, {}) for _ in range(3)]
+            created = [
+                await api.submit(file_id, path, "/v1/chat/completions", "24h", {})
+                for file_id in files
+            ]
+            for batch_id in created:  # VALIDATING, inside {"job": ...}
+                assert batch_id in stub.batches
+                assert (await api.poll(batch_id)).status == "in_progress"
+            found = await api.find(files[0], {"batchclient_job": "ignored: no metadata"}, 1, 0.0)
+            assert found is not None and found == created[0]
             assert stub.stats.lists == 1
 
 
@@ -188,7 +205,7 @@ def test_flavour_is_detected_from_the_host() -> None:
     assert c.provider.completion_window == "7d"
     t = BatchAPIBatchInference("https://api.together.xyz/v1")
     assert isinstance(t.provider.backend, OpenAIBackend)
-    assert t.provider.backend.api.flavor.purpose == "batch-api"
+    assert t.provider.backend.spec.purpose == "batch-api"
 
 
 @pytest.mark.parametrize(
@@ -218,18 +235,18 @@ async def test_groq_window_beyond_a_day_reaches_the_create(tmp_path: Path) -> No
     assert stub.created[0]["completion_window"] == "7d"
 
 
-async def test_mistral_model_is_read_back_after_a_crash_between_upload_and_create(
+async def test_mistral_model_is_read_from_the_part_after_a_crash_between_upload_and_create(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"custom_id": "0", "body": {"model": "smollm2", "messages": []}}\n')
     with BatchAPIStub(flavor="mistral") as stub:
-        async with BatchAPI(stub.url, flavor="mistral", retrier=Retrier(retry=FAST)) as api:
-            file_id = await api.upload(path, "in.jsonl")
-        async with BatchAPI(stub.url, flavor="mistral", retrier=Retrier(retry=FAST)) as fresh:
-            batch = await fresh.create(file_id, "/v1/chat/completions", "24h", {})
-    assert batch.input_file_id == file_id
-    assert stub.created[0]["model"] == "smollm2" and stub.stats.downloads == 1
+        async with provider(stub) as p:
+            file_id = await backend(p).upload(path, 1, {})
+        async with provider(stub) as fresh:
+            batch_id = await backend(fresh).submit(file_id, path, "/v1/chat/completions", "24h", {})
+    assert stub.batches[batch_id].data["input_file_id"] == file_id
+    assert stub.created[0]["model"] == "smollm2" and stub.stats.downloads == 0
 
 
 @pytest.mark.parametrize("flavor", ["together", "mistral"])

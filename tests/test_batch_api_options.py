@@ -77,7 +77,7 @@ def test_the_provider_resolves_defaults_and_refuses_what_it_does_not_take() -> N
     url = "http://127.0.0.1:9/v1"
     provider = make_provider("batch-api", base_url=url)
     assert isinstance(provider, RemoteBatchProvider)
-    assert (provider.settings.poll_interval_s, provider.settings.max_attempts) == (10.0, 3)
+    assert (provider.options["poll_interval_s"], provider.options["max_attempts"]) == (10.0, 3)
     assert provider.completion_window == "24h"
     gemini = make_provider("gemini-batch", api_key="k")
     assert isinstance(gemini, RemoteBatchProvider) and gemini.completion_window == "48h"
@@ -105,4 +105,4 @@ def test_the_cli_passes_only_the_flags_given() -> None:
     given = provider_options(parser.parse_args([*base, "--poll-interval", "2", "--max-lines", "7"]))
     assert (given["poll_interval_s"], given["max_lines"]) == (2.0, 7)
     provider = make_client("anthropic-batch", **given).provider
-    assert isinstance(provider, RemoteBatchProvider) and provider.settings.poll_interval_s == 2
+    assert isinstance(provider, RemoteBatchProvider) and provider.options["poll_interval_s"] == 2

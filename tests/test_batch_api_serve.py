@@ -87,8 +87,8 @@ async def test_split_into_several_remote_batches(serve: Serve, tmp_path: Path) -
         for b in batches:  # what a client that lost a create's answer looks for, it finds
             marks = {k: b["metadata"][k] for k in ("batchclient_job", "batchclient_part")}
             assert isinstance(c.provider.backend, OpenAIBackend)
-            found = await c.provider.backend.api.find(b["input_file_id"], marks)
-            assert found is not None and found.id == b["id"]
+            found = await c.provider.backend.find(b["input_file_id"], marks, 0, 0.0)
+            assert found == b["id"]
     assert [i.completion_message.content for i in result.batch if i.completion_message] == [
         f"echo: m{i}" for i in range(10)
     ]

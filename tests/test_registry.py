@@ -113,7 +113,7 @@ def test_the_cli_builds_its_clients_through_the_registry(tmp_path: Path) -> None
     batch = client_from_args(
         _cli("--provider", "batch-api", "--base-url", URL, "--poll-interval", "2")
     )
-    assert type(batch) is BatchAPIBatchInference and batch.provider.settings.poll_interval_s == 2
+    assert type(batch) is BatchAPIBatchInference and batch.provider.options["poll_interval_s"] == 2
     inline = client_from_args(_cli("--provider", "vllm", "--engine-arg", "dtype=float32"))
     assert type(inline) is VLLMBatchInference
     assert inline.provider.engine_args == {"dtype": "float32"}

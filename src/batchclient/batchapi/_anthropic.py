@@ -1,29 +1,22 @@
-"""Anthropic Message Batches as a :class:`~._backend.RemoteBatchBackend`, on the official
-``anthropic`` SDK (the ``anthropic`` extra). Guide: ``docs/batch-api.md``.
+"""Anthropic Message Batches as a :class:`~._backend.RemoteBatchBackend`, on the ``anthropic``
+SDK with its own retries off (guide: ``docs/batch-api.md``, "Anthropic Message Batches").
 
 The wire (Anthropic API reference, Message Batches): ``POST /v1/messages/batches`` with inline
-``requests: [{custom_id, params}]``, ``GET /v1/messages/batches/{id}`` (``processing_status``
-``in_progress`` / ``canceling`` / ``ended``, ``request_counts``), the results as JSONL from the
-batch's ``results_url`` once it has ended (``result.type`` ``succeeded`` / ``errored`` /
-``canceled`` / ``expired``, in no guaranteed order), ``POST .../{id}/cancel`` and
+``requests: [{custom_id, params}]``, ``GET /v1/messages/batches/{id}`` (``processing_status``,
+``request_counts``), the results JSONL once it has ended (``result.type`` ``succeeded`` /
+``errored`` / ``canceled`` / ``expired``, in no guaranteed order), ``POST .../{id}/cancel`` and
 ``GET /v1/messages/batches`` (newest first). Caps: 100,000 requests or 256 MB per batch; parts
-are filled to 95% of each.
-
-``anthropic-version``: the SDK (2.x) sends ``2026-10-21``, under which ``temperature``,
-``top_p`` and ``top_k`` do not exist (one of them refuses the whole create). Every batchclient
-call carries ``temperature`` (greedy sampling is ``temperature: 0``), so this client sends
-``2023-06-01`` by default, which accepts them; with ``api_version="2026-10-21"`` a request
-carrying one is a per-item ``unsupported_parameter`` error and the rest of the batch goes.
-
-The SDK's own retries are off (``max_retries=0``): every retry is this package's, so a 429's
-or 529's ``Retry-After`` reaches the backoff.
+are filled to 95% of each. ``anthropic-version`` is ``2023-06-01`` unless ``api_version`` says
+otherwise: the SDK's own ``2026-10-21`` refuses ``temperature``, which every batchclient call
+sends (:mod:`._anthropic_translate`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,34 +24,28 @@ import anyio
 import orjson
 
 from .._core.request import Result, failed
-from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._anthropic_translate import error_of, to_completion, to_params
-from ._api import _TRANSIENT, check_header_value
-from ._backend import RemoteState, error_line, ok_line, unrun_line
+from ._backend import RemoteState, check_header_value, error_line, ok_line, unrun_line
+from ._options import AnthropicBatchOptions
 from ._parts import Limits, private_file
-from ._retry import ApiError, Retrier
+from ._retry import ApiError
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
 
 T = TypeVar("T")
 
-ANTHROPIC_MAX_REQUESTS = 100_000
-ANTHROPIC_MAX_BYTES = 256_000_000
-"""Anthropic's caps for one Message Batch: 100,000 requests, 256 MB."""
-ANTHROPIC_LINES = ANTHROPIC_MAX_REQUESTS * 95 // 100
-ANTHROPIC_BYTES = ANTHROPIC_MAX_BYTES * 95 // 100
-SDK_VERSION_WITHOUT_SAMPLING = "2026-10-21"
-_SAMPLING_VERSIONS = frozenset({"2023-01-01", "2023-06-01"})
+MAX_REQUESTS, MAX_BYTES = 100_000, 256_000_000  # Anthropic's caps for one Message Batch
+_HTTP_LIBRARIES = ("httpx", "httpx2", "httpcore")
 _FIND_SLACK_S = 120.0  # clocks of client and provider disagree a little
 
 
 class AnthropicBackend:
-    """The Message Batches wire, one attempt per call (see :class:`RemoteBatchBackend`).
-    Arguments as :class:`~batchclient.AnthropicBatchInference`: ``api_key`` None reads
+    """The Message Batches wire, one attempt per call. Arguments as
+    :class:`~batchclient.AnthropicBatchInference`: ``api_key`` None reads
     ``$ANTHROPIC_API_KEY``, ``base_url`` None ``$ANTHROPIC_BASE_URL``, else Anthropic's own;
     ``max_lines`` / ``max_bytes`` None: 95% of Anthropic's caps.
 
@@ -70,17 +57,7 @@ class AnthropicBackend:
     endpoints = frozenset({Endpoint.chat_completions})
 
     def __init__(
-        self,
-        api_key: str | None,
-        base_url: str | None,
-        *,
-        api_version: str,
-        max_tokens: int,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
+        self, base_url: str | None, api_key: str | None, options: AnthropicBatchOptions
     ) -> None:
         if importlib.util.find_spec("anthropic") is None:  # importing it takes seconds
             raise ConfigurationError(
@@ -93,22 +70,22 @@ class AnthropicBackend:
         url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {url!r} is not an http(s) URL")
-        if max_tokens < 1:
+        if options["max_tokens"] < 1:
             raise ConfigurationError("max_tokens must be >= 1")
-        lines = ANTHROPIC_LINES if max_lines is None else max_lines
-        size = ANTHROPIC_BYTES if max_bytes is None else max_bytes
-        if not 1 <= lines <= ANTHROPIC_MAX_REQUESTS:
-            raise ConfigurationError(f"max_lines must be in 1..{ANTHROPIC_MAX_REQUESTS}")
-        if not 1024 <= size <= ANTHROPIC_MAX_BYTES - 1024:
-            raise ConfigurationError(f"max_bytes must be in 1024..{ANTHROPIC_MAX_BYTES - 1024}")
+        lines = options["max_lines"] or MAX_REQUESTS * 95 // 100
+        size = options["max_bytes"] or MAX_BYTES * 95 // 100
+        if not 1 <= lines <= MAX_REQUESTS:
+            raise ConfigurationError(f"max_lines must be in 1..{MAX_REQUESTS}")
+        if not 1024 <= size <= MAX_BYTES - 1024:
+            raise ConfigurationError(f"max_bytes must be in 1024..{MAX_BYTES - 1024}")
         self.api_key = check_header_value("api_key", key)
         self.base_url = url.rstrip("/")
-        self.api_version = check_header_value("api_version", api_version)
-        self.max_tokens = max_tokens
-        self.sampling = api_version in _SAMPLING_VERSIONS
-        self.timeout_s = timeout_s
-        self.headers = {k: check_header_value(f"header {k}", v) for k, v in (headers or {}).items()}
-        self.retrier = retrier
+        self.api_version = check_header_value("api_version", options["api_version"])
+        self.max_tokens = options["max_tokens"]
+        self.timeout_s = options["timeout_s"]
+        headers = options["headers"] or {}
+        self.headers = {k: check_header_value(f"header {k}", v) for k, v in headers.items()}
+        self.retry_after_cap_s = options["retry"].retry_after_cap_s
         self.limits = Limits(lines, size)
         self._client: AsyncAnthropic | None = None
         self._claimed: set[str] = set()  # batches this process made or adopted: never found
@@ -145,29 +122,19 @@ class AnthropicBackend:
         try:
             return await fn()
         except anthropic.APIStatusError as exc:
-            status = exc.status_code
-            wait = parse_retry_after(
-                exc.response.headers.get("retry-after"),
-                cap_s=self.retrier.retry.retry_after_cap_s,
-            )
-            raise ApiError(
-                f"{what}: HTTP {status}: {exc.message}"[:500],
-                status=status,
-                transient=status in _TRANSIENT,
-                retry_after_s=wait,
+            retry_after = exc.response.headers.get("retry-after")
+            raise ApiError.http(
+                what, exc.status_code, exc.message, retry_after, self.retry_after_cap_s
             ) from None
         except anthropic.APIResponseValidationError as exc:
             raise ApiError(
                 f"{what}: malformed answer: {exc}"[:500], status=200, transient=True
             ) from None
-        except anthropic.APIConnectionError as exc:
-            raise ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True) from None
-        except (anthropic.AnthropicError, OSError) as exc:
-            # e.g. a batch without results_url yet, or a results stream cut short (the SDK's
-            # HTTP library raises its own errors while a streamed body is read)
-            raise ApiError(f"{what}: {type(exc).__name__}: {exc}"[:500], transient=True) from None
         except Exception as exc:
-            if type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
+            # a connection failure, a batch without results_url yet, or a results stream cut
+            # short (the SDK's HTTP library raises its own errors while a body is read)
+            sdk = isinstance(exc, anthropic.AnthropicError | OSError)
+            if not sdk and type(exc).__module__.split(".")[0] not in _HTTP_LIBRARIES:
                 raise
             raise ApiError(f"{what}: {type(exc).__name__}: {exc}"[:500], transient=True) from None
 
@@ -187,10 +154,7 @@ class AnthropicBackend:
                 f"Anthropic Message Batches serve only {Endpoint.chat_completions.value}",
                 status_code=400,
             )
-        params = to_params(
-            line.body, max_tokens=self.max_tokens, sampling=self.sampling,
-            api_version=self.api_version,
-        )  # fmt: skip
+        params = to_params(line.body, max_tokens=self.max_tokens, api_version=self.api_version)
         if isinstance(params, Result):
             return params
         return orjson.dumps({"custom_id": self.wire_id(line), "params": params}) + b"\n"
@@ -206,10 +170,9 @@ class AnthropicBackend:
         data = await anyio.Path(path).read_bytes()
         body = b'{"requests":[' + b",".join(data.splitlines()) + b"]}"
         del data
-        client = self._sdk()
         batch = await self._call(
             "POST /v1/messages/batches",
-            lambda: client.post(
+            lambda: self._sdk().post(
                 "/v1/messages/batches",
                 cast_to=MessageBatch,
                 content=body,
@@ -225,11 +188,10 @@ class AnthropicBackend:
         """Message Batches carry no labels: the one batch of ``lines`` requests created since
         ``since`` (newest first, a few pages) that this process did not make or adopt for
         another part; None when there is none or more than one."""
-        client = self._sdk()
         found: list[str] = []
 
         async def scan() -> None:
-            page = await client.messages.batches.list(limit=100)
+            page = await self._sdk().messages.batches.list(limit=100)
             for _ in range(5):
                 for batch in page.data:
                     if batch.created_at.timestamp() < since - _FIND_SLACK_S:
@@ -249,10 +211,9 @@ class AnthropicBackend:
         return found[0]
 
     async def poll(self, remote_id: str) -> RemoteState:
-        client = self._sdk()
         batch = await self._call(
             f"GET /v1/messages/batches/{remote_id}",
-            lambda: client.messages.batches.retrieve(remote_id),
+            lambda: self._sdk().messages.batches.retrieve(remote_id),
         )
         c = batch.request_counts
         status = batch.processing_status
@@ -264,10 +225,8 @@ class AnthropicBackend:
         )
 
     async def results(self, remote_id: str, dest: Path) -> None:
-        client = self._sdk()
-
         async def read() -> None:
-            stream = client.messages.batches.with_streaming_response.results(remote_id)
+            stream = self._sdk().messages.batches.with_streaming_response.results(remote_id)
             async with stream as response:
                 with private_file(dest) as out:
                     async for raw in response.iter_lines():
@@ -277,10 +236,9 @@ class AnthropicBackend:
         await self._call(f"GET /v1/messages/batches/{remote_id}/results", read)
 
     async def cancel(self, remote_id: str) -> None:
-        client = self._sdk()
         await self._call(
             f"POST /v1/messages/batches/{remote_id}/cancel",
-            lambda: client.messages.batches.cancel(remote_id),
+            lambda: self._sdk().messages.batches.cancel(remote_id),
         )
 
 
@@ -298,13 +256,9 @@ def _normalised(raw: str) -> bytes:
     kind = result.get("type") if isinstance(result, dict) else None
     if kind == "succeeded" and isinstance(result, dict) and isinstance(result.get("message"), dict):
         message = result["message"]
-        try:
-            body = to_completion(message)
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
-            return error_line(wire, ErrorCode.bad_upstream_response.value, why)
         request_id = message.get("id")
-        return ok_line(wire, body, request_id if isinstance(request_id, str) else None)
+        translate = partial(to_completion, message)
+        return ok_line(wire, translate, request_id if isinstance(request_id, str) else None)
     if kind == "errored" and isinstance(result, dict):
         code, message_text, retryable = error_of(result.get("error"))
         return error_line(wire, code, message_text, retryable=retryable)

@@ -1,19 +1,9 @@
 """OpenAI chat bodies to Anthropic Messages requests, and Anthropic answers back to OpenAI
 ``chat.completion`` bodies (Anthropic API reference: Messages, Message Batches).
 
-Kept: ``model``; ``messages`` (``system`` / ``developer`` turns -> top-level ``system``; text
-and image parts; assistant ``tool_calls`` -> ``tool_use`` blocks; ``tool`` turns ->
-``tool_result`` blocks in a user turn); ``max_tokens`` / ``max_completion_tokens`` (default
-``max_tokens``: Anthropic requires one); ``stop`` -> ``stop_sequences``; ``temperature``,
-``top_p``, ``top_k`` (only under an ``anthropic-version`` that accepts them); ``tools``,
-``tool_choice``, ``parallel_tool_calls: false``; ``response_format`` ``json_schema`` ->
-``output_config.format``; ``user`` -> ``metadata.user_id``. Fields at their neutral value
-(``n: 1``, ``stream: false``, zero penalties, ...) are accepted and not sent.
-
-Refused per item (``unsupported_parameter``, ``param`` naming the field): any other field, or
-one of the above Anthropic cannot take as given (``n > 1``, ``logprobs``, ``seed``,
-``response_format`` ``json_object``, a ``system`` turn after the conversation started, ...).
-Nothing is dropped silently.
+What is kept, and what is refused per item (``unsupported_parameter``, ``param`` naming the
+field; nothing is dropped silently, and a field at its neutral value, ``n: 1``, zero penalties,
+..., is accepted and not sent): ``docs/batch-api.md``, "Anthropic Message Batches".
 """
 
 from __future__ import annotations
@@ -29,6 +19,7 @@ from ..errors import ErrorCode
 VERSION_WITH_SAMPLING = "2023-06-01"
 """The ``anthropic-version`` this client sends by default: it accepts ``temperature``,
 ``top_p`` and ``top_k`` (every batchclient call sends ``temperature``: greedy is 0)."""
+_SAMPLING_VERSIONS = frozenset({"2023-01-01", VERSION_WITH_SAMPLING})
 SAMPLING = ("temperature", "top_p", "top_k")
 _INVALID = ErrorCode.invalid_request
 
@@ -75,19 +66,18 @@ class Refused(Exception):
 
 
 def to_params(
-    body: dict[str, Any], *, max_tokens: int, sampling: bool = True, api_version: str = ""
+    body: dict[str, Any], *, max_tokens: int, api_version: str = VERSION_WITH_SAMPLING
 ) -> dict[str, Any] | Result:
-    """The Messages request for an OpenAI chat ``body``, or a failed :class:`Result`
-    (``unsupported_parameter`` / ``invalid_request``) saying what cannot be sent. ``sampling``:
-    whether the ``anthropic-version`` sent (``api_version``, named in the refusal) accepts
-    ``temperature`` / ``top_p`` / ``top_k``."""
+    """The Messages request for an OpenAI chat ``body`` sent under ``anthropic-version``
+    ``api_version``, or a failed :class:`Result` (``unsupported_parameter`` /
+    ``invalid_request``) saying what cannot be sent."""
     try:
-        return _params(body, max_tokens, sampling, api_version)
+        return _params(body, max_tokens, api_version)
     except Refused as refusal:
         return failed(refusal.code, str(refusal), status_code=400, param=refusal.param)
 
 
-def _params(body: dict[str, Any], default_max: int, sampling: bool, version: str) -> dict[str, Any]:
+def _params(body: dict[str, Any], default_max: int, version: str) -> dict[str, Any]:
     for key, value in body.items():
         if key in _KEPT:
             continue
@@ -114,7 +104,7 @@ def _params(body: dict[str, Any], default_max: int, sampling: bool, version: str
     for key in SAMPLING:
         if body.get(key) is None:
             continue
-        if not sampling:
+        if version not in _SAMPLING_VERSIONS:
             raise Refused(
                 f"{key} cannot be sent under anthropic-version {version} (it has no sampling "
                 f"fields); use api_version={VERSION_WITH_SAMPLING!r} to send it",

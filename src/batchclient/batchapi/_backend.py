@@ -23,13 +23,11 @@ ordering and decoding are one code for every backend), written with :func:`ok_li
   that failed as a whole);
 - ``"retryable": true``: the request may succeed in a later batch (429, 5xx, overloaded, a
   batch that failed without naming it); it is resubmitted while attempts are left.
-
-Errors: each async method is one attempt at one remote call and raises
-:class:`~._retry.ApiError` when it fails; the runner retries transient ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -37,6 +35,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from .._core.request import Result
+from ..errors import ConfigurationError
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._parts import Limits
@@ -44,7 +43,9 @@ from ._parts import Limits
 __all__ = [
     "RemoteBatchBackend",
     "RemoteState",
+    "check_header_value",
     "error_line",
+    "json_lines",
     "ok_line",
     "rest_line",
     "unrun_line",
@@ -73,6 +74,13 @@ class RemoteState:
         return self.status == "ended"
 
 
+def check_header_value(name: str, value: str) -> str:
+    """Refuse a header value that could split the request (CR, LF, NUL)."""
+    if any(c in value for c in "\r\n\0"):
+        raise ConfigurationError(f"{name} contains a line break or NUL")
+    return value
+
+
 def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:
     if retryable:
         fields["retryable"] = True
@@ -80,12 +88,16 @@ def _line(key: dict[str, Any], retryable: bool, **fields: Any) -> bytes:
 
 
 def ok_line(
-    wire: str, body: dict[str, Any], request_id: str | None = None, *, status: int = 200
+    wire: str, translate: Callable[[], dict[str, Any]], request_id: str | None = None
 ) -> bytes:
-    """A normalised answer: ``body`` in the OpenAI shape of the job's endpoint (a
-    ``chat.completion`` for chat); a body JSON cannot hold is the request's
-    ``bad_upstream_response``."""
-    response = {"status_code": status, "body": body, "request_id": request_id}
+    """A normalised answer: the body ``translate()`` gives in the OpenAI shape of the job's
+    endpoint (a ``chat.completion`` for chat); an answer it cannot read (it raises) or that JSON
+    cannot hold is the request's ``bad_upstream_response``."""
+    try:
+        response = {"status_code": 200, "body": translate(), "request_id": request_id}
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
+        return error_line(wire, "bad_upstream_response", why)
     try:
         return _line({"custom_id": wire}, False, response=response)
     except TypeError as exc:  # orjson: an integer over 64 bits, a value that is not JSON
@@ -93,12 +105,7 @@ def ok_line(
 
 
 def error_line(
-    wire: str | int,
-    code: str,
-    message: str,
-    *,
-    retryable: bool = False,
-    param: str | None = None,
+    wire: str | int, code: str, message: str, *, retryable: bool = False, param: str | None = None
 ) -> bytes:
     """A normalised per-item error (``code`` an :class:`~batchclient.ErrorCode` value);
     ``wire`` an ``int``: the request on that line (1-based) of the part's file."""
@@ -118,6 +125,17 @@ def unrun_line(wire: str, why: Literal["expired", "cancelled"]) -> bytes:
 def rest_line(code: str, message: str, *, retryable: bool) -> bytes:
     """What every request the results do not name got (a batch that failed as a whole)."""
     return _line({"rest": True}, retryable, error={"code": code, "message": message})
+
+
+def json_lines(path: Path) -> Iterator[Any]:
+    """The JSON values of a downloaded results file, one a line; a line that is not JSON names
+    no request and is left out (its request then reads as missing)."""
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                yield orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
 
 
 class RemoteBatchBackend(Protocol):

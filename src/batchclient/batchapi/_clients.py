@@ -1,8 +1,5 @@
-"""The batch clients: the protocol over a provider's batch API, durable (guide:
-``docs/batch-api.md``). Each is ``BatchClient`` over a :class:`~._provider.RemoteBatchProvider`
-with ``execution=RemoteBatchExecution(provider)``: every call and batch is a local job in the
-state directory that owns its remote batches, re-attached after a crash, never submitted twice.
-"""
+"""The batch clients: ``BatchClient`` over a :class:`~._provider.RemoteBatchProvider` with
+``execution=RemoteBatchExecution(provider)`` (guide: ``docs/batch-api.md``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ skipped (its request then reads as missing), and a line whose answer is malforme
 request's ``bad_upstream_response``; the other requests of the batch keep their results.
 
 Blocking (run it through ``anyio.to_thread``) and streaming: only an index of where each
-request's line is (``custom_id`` or line number -> file and byte offset) is kept in memory.
+request's line is (``custom_id`` or line number -> byte offset) is kept in memory.
 """
 
 from __future__ import annotations
@@ -89,20 +89,20 @@ def _bad(message: str, status: int | None = None) -> Result:
 
 
 class _Index:
-    """Where each request's line is in the result files, and the ``rest`` line if any."""
+    """Where each request's line is in the results file (byte offsets), and the ``rest``
+    line if any."""
 
-    def __init__(self, paths: list[Path]) -> None:
-        self.by_id: dict[str, tuple[int, int]] = {}
-        self.by_line: dict[int, tuple[int, int]] = {}
+    def __init__(self, path: Path) -> None:
+        self.by_id: dict[str, int] = {}
+        self.by_line: dict[int, int] = {}
         self.rest: dict[str, Any] | None = None
-        for n, path in enumerate(paths):
-            with path.open("rb") as f:
-                offset = 0
-                for raw in f:
-                    self._add(raw, (n, offset))
-                    offset += len(raw)
+        with path.open("rb") as f:
+            offset = 0
+            for raw in f:
+                self._add(raw, offset)
+                offset += len(raw)
 
-    def _add(self, raw: bytes, where: tuple[int, int]) -> None:
+    def _add(self, raw: bytes, offset: int) -> None:
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -111,9 +111,9 @@ class _Index:
             return
         cid, line = obj.get("custom_id"), obj.get("line")
         if isinstance(cid, str):
-            self.by_id.setdefault(cid, where)  # the first line wins
+            self.by_id.setdefault(cid, offset)  # the first line wins
         elif isinstance(line, int) and not isinstance(line, bool):
-            self.by_line.setdefault(line, where)
+            self.by_line.setdefault(line, offset)
         elif obj.get("rest") is True and self.rest is None:
             self.rest = obj
 
@@ -123,30 +123,29 @@ def collect(
     job_id: str,
     input_path: Path,
     part: Part,
-    files: list[Path],
+    path: Path,
     *,
     wire_id: Callable[[RequestLine], str],
     complete: bool,
     resubmit: bool,
 ) -> int:
-    """Commit the results of an ended remote batch from its result ``files``; return how many
-    of its requests stay unfinished (to be resubmitted, re-run live or filled in).
+    """Commit the results of an ended remote batch from its results file ``path``; return how
+    many of its requests stay unfinished (to be resubmitted, re-run live or filled in).
 
     ``wire_id``: the id each request was sent under. ``complete``: the batch ran everything,
     so a request without a result is a ``bad_upstream_response`` item (otherwise it was not
     run). ``resubmit``: a ``retryable`` result stays unfinished, to go into a new batch,
     instead of being committed."""
-    index = _Index(files)
-    handles = [p.open("rb") for p in files]
+    index = _Index(path)
     sink = Committer(store, job_id)
     unfinished = 0
-    try:
+    with path.open("rb") as f:
         for number, line in enumerate(part_lines(store, job_id, input_path, part), start=1):
-            where = index.by_id.get(wire_id(line)) or index.by_line.get(number)
+            where = index.by_id.get(wire_id(line))
+            where = index.by_line.get(number) if where is None else where
             obj: Any
             if where is not None:
-                f = handles[where[0]]
-                f.seek(where[1])
+                f.seek(where)
                 obj = orjson.loads(f.readline())
             elif index.rest is not None:
                 obj = index.rest
@@ -161,20 +160,17 @@ def collect(
                 unfinished += 1
                 continue
             sink.add(line, result)
-        sink.flush()
-    finally:
-        for f in handles:
-            f.close()
+    sink.flush()
     return unfinished
 
 
 def one_result(path: Path, wire: str) -> Result | None:
     """The result of the one request of a one-request batch (sent under ``wire``) in the
     results file ``path``; None when the batch did not run it or names it nowhere."""
-    index = _Index([path])
-    where = index.by_id.get(wire) or index.by_line.get(1)
+    index = _Index(path)
+    where = index.by_id.get(wire, index.by_line.get(1))
     if where is None:
         return None if index.rest is None else line_result(index.rest)
     with path.open("rb") as f:
-        f.seek(where[1])
+        f.seek(where)
         return line_result(orjson.loads(f.readline()))

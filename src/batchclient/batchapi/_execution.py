@@ -1,14 +1,6 @@
 """``RemoteBatchExecution``: a client's calls and batches run as remote batches of a provider's
 batch API (``BatchClient(provider, execution=RemoteBatchExecution(provider))``; the batch
-clients are that). Guide: ``docs/batch-api.md``.
-
-Every call and every batch is a local job in the state directory that owns its remote batches
-(:mod:`._runner`): a call (``batch_chat_completion`` and the others) writes its requests as
-batch JSONL into the state directory, runs that file as a local job and reads the results back
-in input order. A call is keyed by its content (the file's SHA-256, the provider's identity,
-the endpoint and the window): the same call made again after a crash re-attaches to the job it
-started instead of submitting again.
-"""
+clients are that). Guide: ``docs/batch-api.md``."""
 
 from __future__ import annotations
 
@@ -41,17 +33,18 @@ CALL_MARK = "batchclient_call"
 
 class RemoteBatchExecution(Execution):
     """Calls and batches of a client over ``provider`` run as remote batches: each a durable
-    local job that owns them (:class:`~._runner.RemoteRunner`). A call is keyed by its
-    content, the provider's ``identity()`` and its ``completion_window``: made again after a
-    crash, it re-attaches to the job it started. ``client.batches.retrieve`` counts what the
-    remote batches finished but did not hand back yet."""
+    local job in the state directory that owns them (:class:`~._runner.RemoteRunner`). A call
+    writes its requests as a batch file, runs it as a local job and reads the results back in
+    input order; it is keyed by its content (the file's SHA-256), the provider's
+    ``identity()``, the endpoint and the ``completion_window``, so made again after a crash it
+    re-attaches to the job it started instead of submitting again. ``client.batches.retrieve``
+    counts what the remote batches finished but did not hand back yet."""
 
     def __init__(self, provider: RemoteBatchProvider) -> None:
         self.provider = provider
 
     def job_runner(self) -> JobRunner:
-        p = self.provider
-        return RemoteRunner(p.backend, p, p.retrier, p.settings, p.on_expired)
+        return RemoteRunner(self.provider)
 
     def batches(self, jobs: Callable[[], JobManager]) -> Batches:
         return RemoteBatches(jobs)
@@ -59,35 +52,37 @@ class RemoteBatchExecution(Execution):
     # ------------------------------------------------------------------ one call = one job
 
     async def run(self, call: Call[R], jobs: Callable[[], JobManager], live: LiveRun) -> list[R]:
-        """Write the call's requests as a batch file, run it as a local job on the remote API
-        (or re-attach to the job an identical earlier call started), decode in input order
-        (each item handed to ``on_item`` too, in input order, once the job has finished).
+        """The call's items in input order (each handed to ``on_item`` too, once the job has
+        finished).
 
         Raises:
             ConfigurationError: ``cache=True``: the result cache is not available here (a
                 repeated call re-attaches to its remote job instead, so it is not paid twice).
         """
-        n, progress, on_item = call.n, call.progress, call.on_item
-        decode = call.decode if call.build is None else eager(call.decode, call.build)
         if call.cache:
             raise ConfigurationError(
                 f"the result cache is not available with {self.provider.backend.name}: a "
                 "repeated call re-attaches to its remote batch instead (no second submission)"
             )
+        decode = call.decode if call.build is None else eager(call.decode, call.build)
         manager = jobs()
         store = await manager.store()
         started = time.perf_counter()
-        calls = _CallRequests(call.requests, n)
+        calls = _CallRequests(call.requests, call.n)
         reader: Any = _Reader(calls.lines())  # a binary stream, as store_file reads one
         record = await to_thread.run_sync(
             store_file, store, reader, "batch", "batch_chat_completion.jsonl"
         )
-        if calls.sent == 0:
+        if calls.sent == 0:  # every request was refused before it was sent
             await to_thread.run_sync(store.delete_file, record.id)
             lost = item_error(ErrorCode.internal_error, "no result recorded")
-            return _handed(self._decode(calls, iter(()), decode, n, lost), on_item)
-        job_id, calls.key = await self._job_for(manager, store, record.id, calls.endpoint)
-        await self._follow(manager, job_id, n, calls.refused, started, progress)
+            return _handed(calls.decoded(iter(()), decode, lost), call.on_item)
+        job_id, key = await self._job_for(manager, store, record.id, calls.endpoint)
+        async with anyio.create_task_group() as tg:
+            if call.progress is not None:
+                tg.start_soon(self._report, manager, job_id, calls, started, call.progress)
+            await manager.wait(job_id)
+            tg.cancel_scope.cancel()
         job = await manager.info(job_id)
         first = job.errors.data[0] if job.errors and job.errors.data else None
         lost = item_error(
@@ -96,20 +91,16 @@ class RemoteBatchExecution(Execution):
         )
         # decoded in a worker thread, streamed from SQLite: the rows are never all in memory
         results = await to_thread.run_sync(
-            lambda: self._decode(calls, store.iter_results(job_id), decode, n, lost)
+            lambda: calls.decoded(store.iter_results(job_id), decode, lost)
         )
-        await to_thread.run_sync(
-            lambda: RemoteIds(store).set_call(calls.key, job_id, delivered=True)
-        )
-        if progress is not None:
+        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job_id, delivered=True))
+        if call.progress is not None:
             bad = sum(getattr(r, "error", None) is not None for r in results)
-            progress(
-                BatchProgress(
-                    total=n, completed=n - bad, failed=bad,
-                    elapsed_s=time.perf_counter() - started,
-                )
-            )  # fmt: skip
-        return _handed(results, on_item)
+            elapsed = time.perf_counter() - started
+            call.progress(
+                BatchProgress(total=call.n, completed=call.n - bad, failed=bad, elapsed_s=elapsed)
+            )
+        return _handed(results, call.on_item)
 
     async def _job_for(
         self, manager: JobManager, store: Store, file_id: str, endpoint: str
@@ -127,71 +118,35 @@ class RemoteBatchExecution(Execution):
             earlier = next((j.id for j in jobs if (j.metadata or {}).get(CALL_MARK) == key), None)
         elif not previous.delivered:
             earlier = previous.job_id
-        if earlier is not None:
-            job = await manager.info(earlier)
-            if job.status != "failed":  # re-attach: the file is already there
-                await to_thread.run_sync(store.delete_file, file_id)
-                await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job.id))
-                return job.id, key
-        batch = await manager.schedule(
-            file_id,
-            endpoint=endpoint,
-            completion_window=window,
-            metadata={CALL_MARK: key},
-        )
-        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, batch.id))
-        return batch.id, key
+        if earlier is not None and (await manager.info(earlier)).status != "failed":
+            job_id = earlier  # re-attach: the file is already there
+            await to_thread.run_sync(store.delete_file, file_id)
+        else:
+            metadata = {CALL_MARK: key}
+            batch = await manager.schedule(
+                file_id, endpoint=endpoint, completion_window=window, metadata=metadata
+            )
+            job_id = batch.id
+        await to_thread.run_sync(lambda: RemoteIds(store).set_call(key, job_id))
+        return job_id, key
 
-    async def _follow(
-        self,
-        manager: JobManager,
-        job_id: str,
-        n: int,
-        refused: int,
-        started: float,
-        progress: ProgressCallback | None,
-    ) -> None:
-        async def report() -> None:
-            assert progress is not None
-            while True:
-                counts = (await batches.retrieve(job_id)).request_counts
-                progress(
-                    BatchProgress(
-                        total=n, completed=counts.completed, failed=counts.failed + refused,
-                        in_flight=max(0, counts.total - counts.completed - counts.failed),
-                        elapsed_s=time.perf_counter() - started,
-                    )
-                )  # fmt: skip
-                await anyio.sleep(min(self.provider.settings.poll_interval_s, 1.0))
-
+    async def _report(
+        self, manager: JobManager, job_id: str, calls: _CallRequests, started: float,
+        progress: ProgressCallback,
+    ) -> None:  # fmt: skip
+        """Report the job's progress until cancelled, with what its remote batches finished."""
         batches = RemoteBatches(lambda: manager)
-        async with anyio.create_task_group() as tg:
-            if progress is not None:
-                tg.start_soon(report)
-            await manager.wait(job_id)
-            tg.cancel_scope.cancel()
-
-    def _decode(
-        self,
-        calls: _CallRequests,
-        rows: Iterator[ResultRow],
-        decode: Callable[[Request, Result], R],
-        n: int,
-        lost: BatchItemError,
-    ) -> list[R]:
-        out: list[R | None] = [None] * n
-        for request in calls.refused_requests:
-            out[request.index] = decode(request, Result(None, None, error=request.error))
-        for row in rows:
-            index = int(row.custom_id)
-            known = calls.by_index[index]
-            assert known is not None
-            out[index] = decode(known, _result_of(row, calls.plans.get(index)))
-        missing = [i for i, r in enumerate(out) if r is None]
-        for i in missing:  # a job that failed as a whole has no rows: never lose an item
-            request = calls.by_index[i] or Request(index=i, body={})
-            out[i] = decode(request, Result(None, None, error=lost))
-        return out  # type: ignore[return-value]
+        n, refused = len(calls.by_index), len(calls.refused)
+        while True:
+            counts = (await batches.retrieve(job_id)).request_counts
+            progress(
+                BatchProgress(
+                    total=n, completed=counts.completed, failed=counts.failed + refused,
+                    in_flight=max(0, counts.total - counts.completed - counts.failed),
+                    elapsed_s=time.perf_counter() - started,
+                )
+            )  # fmt: skip
+            await anyio.sleep(min(self.provider.options["poll_interval_s"], 1.0))
 
 
 def _handed(results: list[R], on_item: Callable[[int, R], None] | None) -> list[R]:
@@ -209,15 +164,10 @@ class _CallRequests:
     def __init__(self, requests: Iterable[Request], n: int) -> None:
         self._requests = requests
         self.by_index: list[Request | None] = [None] * n
-        self.refused_requests: list[Request] = []
+        self.refused: list[Request] = []
         self.plans: dict[int, ToolPlan] = {}
         self.endpoint = ""
         self.sent = 0
-        self.key = ""
-
-    @property
-    def refused(self) -> int:
-        return len(self.refused_requests)
 
     def lines(self) -> Iterator[bytes]:
         for request in self._requests:
@@ -238,7 +188,7 @@ class _CallRequests:
                     if plan is not None:
                         self.plans[request.index] = plan
             if request.error is not None:
-                self.refused_requests.append(request)
+                self.refused.append(request)
                 continue
             endpoint = request.endpoint.value
             if self.endpoint and endpoint != self.endpoint:
@@ -247,6 +197,28 @@ class _CallRequests:
             self.sent += 1
             yield batch_line(str(request.index), endpoint, body)
             request.body = {}  # decoding needs the checks, not the body: memory stays flat
+
+    def decoded(
+        self,
+        rows: Iterator[ResultRow],
+        decode: Callable[[Request, Result], R],
+        lost: BatchItemError,
+    ) -> list[R]:
+        """Every request's item: the refused ones', those of the job's ``rows``, and ``lost``
+        for any request without a row."""
+        out: list[R | None] = [None] * len(self.by_index)
+        for request in self.refused:
+            out[request.index] = decode(request, Result(None, None, error=request.error))
+        for row in rows:
+            index = int(row.custom_id)
+            known = self.by_index[index]
+            assert known is not None
+            out[index] = decode(known, _result_of(row, self.plans.get(index)))
+        missing = [i for i, r in enumerate(out) if r is None]
+        for i in missing:  # a job that failed as a whole has no rows: never lose an item
+            request = self.by_index[i] or Request(index=i, body={})
+            out[i] = decode(request, Result(None, None, error=lost))
+        return out  # type: ignore[return-value]
 
 
 class _Reader:

@@ -1,30 +1,15 @@
 """The OpenAI-shaped Batch APIs that differ from OpenAI's in small ways, normalised in one place.
 
-``BatchAPI`` speaks OpenAI's Files + Batch shape; a *flavour* says how one provider departs from
-it, and every departure is translated here so the runner only ever sees OpenAI's ``Batch``
-object (lower-case statuses, Unix timestamps, ``request_counts``, ``errors.data``):
-
-- ``openai``: OpenAI itself, and any server that copies it (``batchclient serve``, vLLM).
-- ``together``: Together AI. Files are uploaded with purpose ``batch-api``; statuses are
-  upper-case (``VALIDATING``, ``IN_PROGRESS``, ``COMPLETED``, ``FAILED``, ``EXPIRED``,
-  ``CANCELLED``); timestamps are ISO-8601 strings (``job_deadline`` is the expiry); a create is
-  answered ``{"job": {...}, "warning": ...}``; ``GET /batches`` answers a bare JSON array (no
-  paging); a batch has no ``metadata`` and no ``request_counts`` (only ``progress`` in percent);
-  the window is fixed at 24 h.
-- ``groq``: GroqCloud (``https://api.groq.com/openai/v1``). OpenAI's shape; the window may be
-  anything from 24 h to 7 d. Its list call takes no paging parameters in its own SDK: the pager
-  follows ``has_more`` / ``last_id`` (a cursor) when they are sent and stops otherwise.
-- ``mistral``: Mistral AI's batch jobs (``/batch/jobs``): ``{"input_files": [...], "model",
-  "endpoint", "metadata", "timeout_hours"}`` on create (the model is read from the file's first
-  line), states ``QUEUED``, ``RUNNING``, ``SUCCESS``, ``FAILED``, ``TIMEOUT_EXCEEDED``,
-  ``CANCELLATION_REQUESTED``, ``CANCELLED``; ``output_file`` / ``error_file``;
-  ``total_requests`` / ``succeeded_requests`` / ``failed_requests``; pages numbered from 0 with
-  ``page_size`` and ``total``.
+:class:`~._openai.OpenAIBackend` speaks OpenAI's Files + Batch shape; a *flavour* (``openai``,
+also any server that copies it; ``together``; ``groq``; ``mistral``) says how one provider
+departs from it, as data (:data:`FLAVORS`) and the functions at the edges of the wire
+(:func:`create_body`, :func:`list_params` out; :func:`normalize`, :func:`read_page` in), so the
+runner only ever sees OpenAI's ``Batch`` object. ``docs/batch-api.md`` ("The flavours side by
+side", "What was checked, and what is assumed") lists each departure and its source.
 
 A status no table knows is read as ``in_progress`` (logged once per status): the batch keeps
 being polled, and the local job's window bounds the wait; an unknown word never ends a batch
-early or crashes the client. ``docs/batch-api.md`` lists what was verified against each
-provider's reference and what is assumed.
+early or crashes the client.
 """
 
 from __future__ import annotations
@@ -36,14 +21,18 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
+
 from ..errors import ConfigurationError
 from ..jobs._runner import parse_window
+from ..types import BatchStatus
 
 __all__ = [
     "FLAVORS",
     "PRICE_NOTES",
     "Flavor",
     "FlavorSpec",
+    "RemoteBatch",
     "check_window",
     "detect_flavor",
     "flavor_of",
@@ -62,7 +51,8 @@ class FlavorSpec:
 
     ``max_lines`` / ``max_bytes``: its limits for one batch input file (the client's defaults).
     ``windows``: the shortest and longest ``completion_window`` in seconds it accepts (None:
-    any). ``hours``: the window is sent as whole hours (``timeout_hours``).
+    any; ``openai``'s hold on OpenAI's own host only). ``metadata``: its batches keep labels.
+    ``needs_model``: a create names the model.
     """
 
     name: Flavor
@@ -88,7 +78,7 @@ _OPENAI_STATUSES = {
 FLAVORS: dict[str, FlavorSpec] = {
     "openai": FlavorSpec(
         "openai", ("api.openai.com",), "batch", "/batches", 50_000, 200 * 1024 * 1024,
-        None, _OPENAI_STATUSES,
+        (_DAY, _DAY), _OPENAI_STATUSES,
     ),
     "together": FlavorSpec(
         "together", ("api.together.xyz", "api.together.ai"), "batch-api", "/batches",
@@ -169,9 +159,8 @@ def check_window(spec: FlavorSpec, window: str, base_url: str) -> float:
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     bounds = spec.windows
-    if spec.name == "openai" and detect_flavor(base_url) == "openai":
-        host = (urlsplit(base_url).hostname or "").lower()
-        bounds = (_DAY, _DAY) if host in spec.hosts else None  # other servers: their rules
+    if spec.name == "openai" and (urlsplit(base_url).hostname or "").lower() not in spec.hosts:
+        bounds = None  # another server shaped like OpenAI's: its own rules
     if bounds is not None and not bounds[0] <= seconds <= bounds[1]:
         low, high = (_span(b) for b in bounds)
         allowed = f"only {low}" if low == high else f"from {low} to {high}"
@@ -251,6 +240,38 @@ def read_page(
 
 
 # ---------------------------------------------------------------------- answers
+
+
+class RemoteError(BaseModel):
+    """One entry of a remote batch's ``errors.data`` (validation errors; ``line`` 1-based)."""
+
+    code: str | None = None
+    message: str | None = None
+    line: int | None = None
+    param: str | None = None
+
+
+class RemoteErrors(BaseModel):
+    data: list[RemoteError] = []
+
+
+class RemoteCounts(BaseModel):
+    completed: int = 0
+    failed: int = 0
+
+
+class RemoteBatch(BaseModel):
+    """The fields of OpenAI's ``Batch`` object this client reads (others are ignored), as
+    :func:`normalize` gives any flavour's."""
+
+    id: str
+    status: BatchStatus
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: RemoteErrors | None = None
+    request_counts: RemoteCounts | None = None
+    metadata: dict[str, Any] | None = None
 
 
 def normalize(spec: FlavorSpec, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,50 +1,45 @@
-"""The Gemini Batch API (Developer API) as a remote batch backend, on the ``google-genai`` SDK.
+"""The Gemini Batch API (Developer API) as a :class:`~._backend.RemoteBatchBackend`, on the
+``google-genai`` SDK with its own retries off (guide: ``docs/batch-api.md``, "Gemini Batch API").
 
-Wire (what ``client.aio.batches`` / ``client.aio.files`` send): a part of at most
-``inline_bytes`` goes inline (``models/{model}:batchGenerateContent`` with
-``inputConfig.requests``, each request's ``metadata.key`` its wire id); a larger one is uploaded
-as a JSONL of ``{"key", "request"}`` lines (resumable ``upload/{version}/files``) and created
-with ``inputConfig.fileName``. The batch carries its job and part in ``displayName``, so a
-create whose answer was lost is found again in ``GET batches``. Polls read ``JOB_STATE_*`` (the
-REST ``BATCH_STATE_*``) and ``batchStats``. Results: ``inlinedResponses``
-(by ``metadata.key``) or the ``responsesFile`` (lines by ``key``), in any order, each answer
-translated to a ``chat.completion`` (:mod:`._gemini_translate`). Results are read from the
-operation's JSON (not the SDK's types), so one malformed answer is its own request's
-``bad_upstream_response`` and the others keep theirs.
-
-Per-request errors are ``google.rpc.Status`` objects: ``UNAVAILABLE``, ``INTERNAL``,
-``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable (submitted again while attempts
-are left), the others final. The SDK's own retries are off: every retry is the runner's, so a
-429's ``Retry-After`` reaches the backoff.
+A part of at most ``inline_bytes`` goes inline in the create (``batchGenerateContent``), a
+larger one is uploaded first as a JSONL of ``{"key", "request"}`` lines (:mod:`._gemini_files`);
+the batch's ``displayName`` names its job and part, so a create whose answer was lost is found
+again in ``GET batches``. Polls and results read the batch operation's JSON, not the SDK's types
+(:meth:`GeminiBackend._operation`), each answer translated to a ``chat.completion``
+(:mod:`._gemini_translate`): one malformed answer is its own request's
+``bad_upstream_response``. Per-request ``google.rpc.Status`` errors ``UNAVAILABLE``,
+``INTERNAL``, ``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable, the others final.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import orjson
 from anyio import to_thread
 
 from .._core.request import Result, failed
-from .._routing.retry import parse_retry_after
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._backend import RemoteState, rest_line
 from ._gemini_files import first_model, inline_requests, write_file, write_inline
 from ._gemini_translate import Unsupported, to_request
+from ._options import GeminiBatchOptions
 from ._parts import Limits, private_file
-from ._retry import ApiError, Retrier
+from ._retry import ApiError
 
 if TYPE_CHECKING:
     from google import genai
 
 __all__ = ["GEMINI_URL", "INLINE_BYTES", "INLINE_CAP", "MAX_BYTES", "MAX_LINES", "GeminiBackend"]
+
+T = TypeVar("T")
 
 GEMINI_URL = "https://generativelanguage.googleapis.com"
 MAX_BYTES = int(0.95 * 2 * 1024**3)
@@ -52,16 +47,14 @@ MAX_BYTES = int(0.95 * 2 * 1024**3)
 INLINE_CAP = int(0.95 * 20 * 1024**2)
 """95% of Gemini's 20 MB cap on an inline batch request: the most ``inline_bytes`` may be."""
 INLINE_BYTES = 1024**2
-"""Parts up to this size go inline by default. Inline requests pass through the SDK's pydantic
-types both ways, which costs far more than an upload: 10,000 short requests (3.5 MB) took
-28-38 s inline against 6.5-8 s as an uploaded file, at 123 MiB above the baseline against
-72 MiB (``bench/gemini_batch.py``). Small parts go inline: one call fewer."""
+"""Parts up to this size go inline by default (one call fewer): inline requests pass through the
+SDK's pydantic types both ways, far slower than an upload for large parts (``docs/batch-api.md``
+has the figures)."""
 MAX_LINES = 100_000
 """Requests in one remote batch: Gemini documents no count cap; smaller batches finish (and
 are resubmitted) in smaller pieces."""
 
 _CHAT = "/v1/chat/completions"
-_TRANSIENT_HTTP = frozenset({408, 409, 429, 500, 502, 503, 504})
 _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
     | {"JOB_STATE_PAUSED", "JOB_STATE_UPDATING"}
@@ -72,26 +65,6 @@ def _display_name(marks: dict[str, str]) -> str:
     job = marks.get("batchclient_job", "")
     part = marks.get("batchclient_part", "0")
     return f"batchclient {job} part {part}"
-
-
-def _api_error(what: str, exc: BaseException, cap_s: float) -> ApiError:
-    """An SDK or transport failure as an :class:`ApiError` the runner can retry (a
-    ``Retry-After`` honoured up to ``cap_s`` seconds)."""
-    from google.genai import errors
-
-    if isinstance(exc, errors.APIError):
-        code = int(exc.code or 0)
-        headers = getattr(exc.response, "headers", None)
-        wait = parse_retry_after(
-            headers.get("Retry-After") if headers is not None else None, cap_s=cap_s
-        )
-        return ApiError(
-            f"{what}: HTTP {code}: {exc.message or exc.status or ''}",
-            status=code or None,
-            transient=code in _TRANSIENT_HTTP,
-            retry_after_s=wait,
-        )
-    return ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
 
 
 class GeminiBackend:
@@ -108,31 +81,27 @@ class GeminiBackend:
     endpoints = frozenset({Endpoint.chat_completions})
 
     def __init__(
-        self,
-        api_key: str | None,
-        base_url: str | None,
-        *,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
-        inline_bytes: int,
+        self, base_url: str | None, api_key: str | None, options: GeminiBatchOptions
     ) -> None:
         url = (base_url or GEMINI_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"base_url {base_url!r} is not an http(s) URL")
-        if not 0 <= inline_bytes <= INLINE_CAP:
+        if not 0 <= options["inline_bytes"] <= INLINE_CAP:
             raise ConfigurationError(
                 f"inline_bytes must be between 0 and {INLINE_CAP} (95% of Gemini's 20 MB cap)"
             )
-        self.api_key = resolve_key(api_key)
+        key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
+        if not key:
+            raise ConfigurationError(
+                "no Gemini API key: pass api_key= or set GEMINI_API_KEY (or GOOGLE_API_KEY)"
+            )
+        self.api_key = key
         self.base_url = url
-        self.limits = Limits(max_lines or MAX_LINES, max_bytes or MAX_BYTES)
-        self.inline_bytes = inline_bytes
-        self.retrier = retrier
-        self._timeout_s = timeout_s
-        self._headers = dict(headers or {})
+        self.limits = Limits(options["max_lines"] or MAX_LINES, options["max_bytes"] or MAX_BYTES)
+        self.inline_bytes = options["inline_bytes"]
+        self._timeout_s = options["timeout_s"]
+        self._headers = dict(options["headers"] or {})
+        self._retry_after_cap_s = options["retry"].retry_after_cap_s
         self._client: genai.Client | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -160,8 +129,21 @@ class GeminiBackend:
         if client is not None:
             await client.aio.aclose()
 
-    def _error(self, what: str, exc: BaseException) -> ApiError:
-        return _api_error(what, exc, self.retrier.retry.retry_after_cap_s)
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One SDK call; an HTTP answer it failed with, or any other failure (transient), as
+        :class:`ApiError`."""
+        from google.genai import errors
+
+        try:
+            return await fn()
+        except Exception as exc:
+            if not isinstance(exc, errors.APIError) or not exc.code:
+                raise ApiError(f"{what}: {type(exc).__name__}: {exc}", transient=True) from None
+            headers = getattr(exc.response, "headers", None)
+            retry_after = headers.get("Retry-After") if headers is not None else None
+            message = exc.message or exc.status or ""
+            cap_s = self._retry_after_cap_s
+            raise ApiError.http(what, exc.code, message, retry_after, cap_s) from None
 
     def _aio(self) -> Any:
         if self._client is None:
@@ -204,10 +186,10 @@ class GeminiBackend:
         if size <= self.inline_bytes:
             return None
         config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
-        try:
-            uploaded = await self._aio().files.upload(file=str(path), config=config)
-        except Exception as exc:
-            raise self._error("upload the batch input file", exc) from None
+        uploaded = await self._call(
+            "upload the batch input file",
+            lambda: self._aio().files.upload(file=str(path), config=config),
+        )
         if not uploaded.name:
             raise ApiError("upload: the answer names no file", status=200, transient=True)
         return str(uploaded.name)
@@ -225,10 +207,9 @@ class GeminiBackend:
         else:
             model = await to_thread.run_sync(first_model, path)
             src, what = upload, f"create a batch from {upload}"
-        try:
-            job = await self._aio().batches.create(model=model, src=src, config=config)
-        except Exception as exc:
-            raise self._error(what, exc) from None
+        job = await self._call(
+            what, lambda: self._aio().batches.create(model=model, src=src, config=config)
+        )
         if not job.name:
             raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
         return str(job.name)
@@ -237,7 +218,8 @@ class GeminiBackend:
         self, upload: str | None, marks: dict[str, str], lines: int, since: float
     ) -> str | None:
         name = _display_name(marks)
-        try:
+
+        async def scan() -> str | None:
             pager = await self._aio().batches.list(config={"page_size": 100})
             seen = 0
             async for job in pager:
@@ -246,9 +228,9 @@ class GeminiBackend:
                 seen += 1
                 if seen >= 2000:  # newest first: an older batch is no lost create of ours
                     return None
-        except Exception as exc:
-            raise self._error("list batches", exc) from None
-        return None
+            return None
+
+        return await self._call("list batches", scan)
 
     # ------------------------------------------------------------------ state and results
 
@@ -256,10 +238,9 @@ class GeminiBackend:
         """The batch operation's JSON, through the SDK's own transport (same key, base URL and
         errors): the SDK's ``BatchJob`` drops ``batchStats`` in Developer API mode, and its
         parse would refuse a whole batch for one malformed answer."""
-        try:
-            response = await self._aio()._api_client.async_request("get", remote_id, {})
-        except Exception as exc:
-            raise self._error(f"get {remote_id}", exc) from None
+        response = await self._call(
+            f"get {remote_id}", lambda: self._aio()._api_client.async_request("get", remote_id, {})
+        )
         try:
             data = orjson.loads(response.body or b"{}")
         except orjson.JSONDecodeError:
@@ -315,22 +296,18 @@ class GeminiBackend:
                 out.write(rest_line(ErrorCode.batch_failed.value, why, retryable=True))
 
     async def _download(self, file_name: str, dest: Path) -> None:
-        files = self._aio().files
-        streams = "destination" in inspect.signature(files.download).parameters
-        try:
+        async def save() -> None:
+            files = self._aio().files
             with private_file(dest) as f:
-                if streams:
+                if "destination" in inspect.signature(files.download).parameters:
                     await files.download(file=file_name, destination=f)
                 else:  # SDKs before download(destination=) hand the whole file back
                     f.write(await files.download(file=file_name))
-        except Exception as exc:
-            raise self._error(f"download {file_name}", exc) from None
+
+        await self._call(f"download {file_name}", save)
 
     async def cancel(self, remote_id: str) -> None:
-        try:
-            await self._aio().batches.cancel(name=remote_id)
-        except Exception as exc:
-            raise self._error(f"cancel {remote_id}", exc) from None
+        await self._call(f"cancel {remote_id}", lambda: self._aio().batches.cancel(name=remote_id))
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -348,17 +325,3 @@ def _state(meta: dict[str, Any]) -> str:
     """The batch's ``JOB_STATE_*`` (the REST API says ``BATCH_STATE_*``: one name here)."""
     state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
     return state or "JOB_STATE_UNSPECIFIED"
-
-
-def resolve_key(api_key: str | None) -> str:
-    """``api_key``, else ``$GEMINI_API_KEY``, else ``$GOOGLE_API_KEY``.
-
-    Raises:
-        ConfigurationError: none of them is set.
-    """
-    key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
-    if not key:
-        raise ConfigurationError(
-            "no Gemini API key: pass api_key= or set GEMINI_API_KEY (or GOOGLE_API_KEY)"
-        )
-    return key

@@ -11,7 +11,7 @@ import orjson
 
 from .._core.decode import http_error
 from ..errors import ErrorCode
-from ._backend import error_line, ok_line
+from ._backend import error_line, json_lines, ok_line
 from ._gemini_translate import status_of, to_completion
 from ._parts import private_file
 
@@ -70,12 +70,7 @@ def normalised(key: str, response: Any, error: Any, model: str) -> bytes:
         return error_line(key, code.code, f"{status or http}: {message}", retryable=retryable)
     if not isinstance(response, dict):
         return error_line(key, ErrorCode.bad_upstream_response.value, "no response and no error")
-    try:
-        body = to_completion(response, model.removeprefix("models/"), key)
-    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-        why = f"the remote batch's answer is malformed: {type(exc).__name__}: {exc}"[:300]
-        return error_line(key, ErrorCode.bad_upstream_response.value, why)
-    return ok_line(key, body)
+    return ok_line(key, lambda: to_completion(response, model.removeprefix("models/"), key))
 
 
 def write_inline(entries: list[Any], model: str, dest: Path) -> None:
@@ -88,13 +83,7 @@ def write_inline(entries: list[Any], model: str, dest: Path) -> None:
 
 
 def write_file(raw: Path, model: str, dest: Path) -> None:
-    with raw.open("rb") as src, private_file(dest) as out:
-        for line in src:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # its request reads as missing: a bad_upstream_response item
+    with private_file(dest) as out:
+        for obj in json_lines(raw):
             if isinstance(obj, dict) and isinstance(obj.get("key"), str):
                 out.write(normalised(obj["key"], obj.get("response"), obj.get("error"), model))

@@ -2,27 +2,9 @@
 ``GenerateContentResponse`` back as an OpenAI ``chat.completion`` body (Gemini API reference:
 ``models.generateContent``, REST field names).
 
-What is kept (OpenAI -> Gemini):
-
-- ``messages``: ``system`` / ``developer`` -> ``systemInstruction`` (every one, in order);
-  ``user`` -> role ``user``; ``assistant`` -> role ``model`` (text, and ``tool_calls`` as
-  ``functionCall`` parts); ``tool`` -> a ``functionResponse`` part named after the call it
-  answers (consecutive ones share one ``user`` turn). Content parts: ``text``, and
-  ``image_url`` / ``file`` / ``input_audio`` given inline (a ``data:`` URL or base64) as
-  ``inlineData``.
-- ``generationConfig``: ``max_tokens`` / ``max_completion_tokens`` -> ``maxOutputTokens``,
-  ``temperature``, ``top_p`` -> ``topP``, ``top_k`` -> ``topK``, ``stop`` -> ``stopSequences``
-  (at most 5), ``n`` -> ``candidateCount``, ``seed``, ``presence_penalty`` /
-  ``frequency_penalty``; ``response_format`` ``json_object`` -> ``responseMimeType``
-  ``application/json``, ``json_schema`` -> that plus ``responseJsonSchema``.
-- ``tools`` (functions) -> ``functionDeclarations`` with ``parametersJsonSchema``;
-  ``tool_choice`` ``auto`` / ``none`` / ``required`` / a named function ->
-  ``toolConfig.functionCallingConfig`` ``AUTO`` / ``NONE`` / ``ANY`` / ``ANY`` with
-  ``allowedFunctionNames``.
-
-Anything else (``logprobs``, ``logit_bias``, ``parallel_tool_calls: false``, a message
-``name``, an image by URL, ``stream: true``, ...) is refused with :class:`Unsupported`: the
-caller makes it that item's ``unsupported_parameter`` error instead of dropping it silently.
+What is kept, and what is refused with :class:`Unsupported` (the caller makes it that item's
+``unsupported_parameter`` error instead of dropping it silently): ``docs/batch-api.md``, "What
+the translation keeps, and refuses".
 """
 
 from __future__ import annotations
@@ -32,13 +14,7 @@ import re
 import time
 from typing import Any
 
-__all__ = [
-    "MAX_STOP",
-    "Unsupported",
-    "status_of",
-    "to_completion",
-    "to_request",
-]
+__all__ = ["MAX_STOP", "Unsupported", "status_of", "to_completion", "to_request"]
 
 MAX_STOP = 5
 """Gemini's limit on ``stopSequences``."""

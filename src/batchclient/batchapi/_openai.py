@@ -1,41 +1,52 @@
-"""The OpenAI Files + Batches API (and the flavours shaped like it: Together, Groq, Mistral,
-another ``batchclient serve``) as a :class:`~._backend.RemoteBatchBackend`.
+"""The OpenAI Files + Batches API, and the APIs shaped like it (Together, Groq, Mistral, another
+``batchclient serve``), as a :class:`~._backend.RemoteBatchBackend`, over aiohttp.
 
-- a part's file is uploaded (``POST /files``), then a batch created over it (``POST
-  /batches`` with ``metadata`` naming the job and part); a create whose answer was lost is
-  found again in ``GET /batches`` by that metadata and the uploaded file (Together keeps no
-  metadata: by the file alone, which is unique per part);
+- a part's file is uploaded (``POST /files``, multipart, streamed from disk), then a batch
+  created over it (``POST /batches`` with ``metadata`` naming the job and part); a create whose
+  answer was lost is found again in ``GET /batches`` (paged) by that metadata and the uploaded
+  file (Together keeps no metadata: by the file alone, which is unique per part);
 - polls read ``GET /batches/{id}``: ``validating`` / ``in_progress`` / ``finalizing`` run on,
   ``completed``, ``failed``, ``expired`` and ``cancelled`` have ended;
-- results are the output and error files, already in the normalised shape; a line answered
-  429 or 5xx (or an error line saying the server could not be reached) is marked retryable.
-  A ``failed`` batch has no files: its validation errors go to the lines they name (final),
-  and every other line is retryable.
+- results are the output and error files (``GET /files/{id}/content``, streamed to disk),
+  already in the normalised shape; a line answered 429 or 5xx (or an error line saying the
+  server could not be reached) is marked retryable. A ``failed`` batch has no files: its
+  validation errors go to the lines they name (final), and every other line is retryable.
 
-Requests go under their own ``custom_id`` (what the provider's console shows). The wire is
-:class:`~._api.BatchAPI` (aiohttp; ``docs/design.md`` says why not the openai SDK).
+Requests go under their own ``custom_id`` (what the provider's console shows). How each flavour
+departs from OpenAI's shape is translated in :mod:`._flavors`, so what is read here is always
+OpenAI's ``Batch``. aiohttp rather than the openai SDK (``docs/design.md``): every retry is the
+runner's, so a 429's ``Retry-After`` reaches its backoff, and files stream through a fixed
+buffer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import anyio
 import orjson
 from anyio import to_thread
+from pydantic import ValidationError
 
 from .._core.request import Result
+from .._redact import redact_url
 from .._routing.retry import RETRYABLE_STATUS
+from ..errors import ConfigurationError
 from ..jobs._validate import RequestLine
 from ..types import BatchStatus, Endpoint
-from ._api import BatchAPI, RemoteBatch
-from ._backend import RemoteState, error_line, rest_line
+from ._backend import RemoteState, check_header_value, error_line, json_lines, rest_line
+from ._flavors import RemoteBatch, create_body, flavor_of, list_params, normalize, read_page
+from ._options import BatchAPIOptions
 from ._parts import Limits, batch_line, private_file
-from ._retry import Retrier
+from ._retry import ApiError, Retrier
 
 __all__ = ["OpenAIBackend"]
+
+T = TypeVar("T")
 
 _RUNNING = frozenset({BatchStatus.validating, BatchStatus.in_progress, BatchStatus.finalizing})
 _RETRYABLE_CODES = frozenset(
@@ -43,34 +54,41 @@ _RETRYABLE_CODES = frozenset(
 )
 """Codes of an error line without a response that a later batch may not get (a
 ``batchclient serve`` writes them for an upstream it could not reach)."""
+_CHUNK = 1024 * 1024
+_FIND_PAGES = 20
 
 
 class OpenAIBackend:
     """One OpenAI-shaped Batch API root (``base_url`` ends in ``/v1``). Arguments as
-    :class:`~batchclient.BatchAPIBatchInference`; ``limits`` None: the flavour's."""
+    :class:`~batchclient.BatchAPIBatchInference`; ``max_lines`` / ``max_bytes`` None: the
+    flavour's. ``spec``: the flavour (:mod:`._flavors`). Each call is one attempt, but
+    :meth:`find`, which retries each page of the batch list.
+
+    Raises:
+        ConfigurationError: not an http(s) URL, a bad header or an unknown flavour.
+    """
 
     name = "batch-api"
     endpoints: frozenset[Endpoint] = frozenset(Endpoint)
+    page_size = 100
+    """Batches asked for per page of the batch list (a server may send fewer)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        *,
-        flavor: str | None,
-        timeout_s: float,
-        retrier: Retrier,
-        headers: Mapping[str, str] | None,
-        max_lines: int | None,
-        max_bytes: int | None,
-    ) -> None:
-        self.api = BatchAPI(
-            base_url, api_key, headers=headers, timeout_s=timeout_s, retrier=retrier, flavor=flavor
-        )
-        spec = self.api.flavor
-        self.flavor = spec.name
-        self.base_url = self.api.display  # without userinfo or secret query values
-        self.limits = Limits(max_lines or spec.max_lines, max_bytes or spec.max_bytes)
+    def __init__(self, base_url: str, api_key: str | None, options: BatchAPIOptions) -> None:
+        self._url = base_url.rstrip("/")
+        self.base_url = redact_url(self._url)  # as shown and stored
+        if not self._url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base_url {self.base_url!r} is not an http(s) URL")
+        self.spec = flavor_of(options["flavor"], self._url)
+        self.flavor = self.spec.name
+        lines, size = options["max_lines"], options["max_bytes"]
+        self.limits = Limits(lines or self.spec.max_lines, size or self.spec.max_bytes)
+        self.retrier = Retrier(options["max_retries"], options["retry"])
+        self._timeout_s = options["timeout_s"]
+        headers = options["headers"] or {}
+        self._headers = {k: check_header_value(f"header {k}", v) for k, v in headers.items()}
+        if api_key:
+            self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
+        self._session: aiohttp.ClientSession | None = None
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}
@@ -79,17 +97,90 @@ class OpenAIBackend:
         return identity
 
     async def start(self) -> None:
-        await self.api.start()
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self._timeout_s, sock_read=self._timeout_s
+            )
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=timeout, trust_env=True
+            )
 
     async def stop(self) -> None:
-        await self.api.stop()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # ------------------------------------------------------------------ one HTTP call
+
+    async def _once(
+        self, method: str, path: str, read: Callable[[aiohttp.ClientResponse], Awaitable[T]],
+        **kwargs: Any,
+    ) -> T:  # fmt: skip
+        if self._session is None:
+            raise ConfigurationError("the Batch API client is not open")
+        try:
+            async with self._session.request(method, self._url + path, **kwargs) as resp:
+                if resp.status >= 300:
+                    text = (await resp.read())[:2000].decode("utf-8", "replace")
+                    raise ApiError.http(
+                        f"{method} {path}", resp.status, _message(text),
+                        resp.headers.get("Retry-After"), self.retrier.retry.retry_after_cap_s,
+                    )  # fmt: skip
+                return await read(resp)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(  # aiohttp's messages may quote the URL
+                f"{method} {path}: {type(exc).__name__}: {redact_url(str(exc))}", transient=True
+            ) from None
+
+    async def _json(
+        self, method: str, path: str, *, array: bool = False, **kwargs: Any
+    ) -> dict[str, Any]:
+        """A JSON object answer (``array``: a JSON array is accepted too, under ``"data"``)."""
+
+        async def read(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError:
+                data = None
+            if array and isinstance(data, list):
+                return {"data": data}
+            if not isinstance(data, dict):
+                raise ApiError(
+                    f"{method} {path}: HTTP {resp.status} answer is not a JSON object",
+                    status=resp.status,
+                    transient=True,
+                )
+            return data
+
+        return await self._once(method, path, read, **kwargs)
+
+    async def _batch(self, method: str, path: str, **kwargs: Any) -> RemoteBatch:
+        data = await self._json(method, path, **kwargs)
+        try:
+            return RemoteBatch.model_validate(normalize(self.spec, data))
+        except ValidationError as exc:
+            raise ApiError(
+                f"{method} {path}: not a Batch object: {str(exc)[:300]}", status=200, transient=True
+            ) from None
+
+    # ------------------------------------------------------------------ the backend
+
+    async def _cards(self) -> dict[str, dict[str, Any]] | None:
+        """The served models (``GET /models``) by id; None when the server cannot list them."""
+        try:
+            entries = (await self._json("GET", "/models")).get("data")
+        except ApiError:
+            return None
+        if not isinstance(entries, list):
+            return None
+        return {str(e.get("id")): e for e in entries if isinstance(e, dict)}
 
     async def models(self) -> set[str] | None:
-        cards = await self.api.models()
+        cards = await self._cards()
         return None if cards is None else set(cards)
 
     async def context_length(self, model: str) -> int | None:
-        limit = ((await self.api.models()) or {}).get(model, {}).get("max_model_len")
+        limit = ((await self._cards()) or {}).get(model, {}).get("max_model_len")
         return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
     def wire_id(self, line: RequestLine) -> str:
@@ -99,28 +190,64 @@ class OpenAIBackend:
         return batch_line(line.custom_id, endpoint, line.body)
 
     async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
+        """``POST /files`` (purpose ``batch``; Together: ``batch-api``), streamed from disk."""
         name = f"{marks.get('batchclient_job', 'batch')}-part{marks.get('batchclient_part', 0)}"
-        return await self.api.upload(path, f"{name}.jsonl")
+        f = await to_thread.run_sync(path.open, "rb")
+        try:
+            form = aiohttp.FormData()
+            form.add_field("purpose", self.spec.purpose)
+            form.add_field("file", f, filename=f"{name}.jsonl", content_type="application/jsonl")
+            data = await self._json("POST", "/files", data=form)
+        finally:
+            f.close()
+        if not isinstance(data.get("id"), str):
+            raise ApiError("POST /files: answer has no file id", status=200, transient=True)
+        return str(data["id"])
 
     async def submit(
         self, upload: str | None, path: Path, endpoint: str, window: str, marks: dict[str, str]
     ) -> str:
         assert upload is not None  # every part is uploaded first
-        return (await self.api.create(upload, endpoint, window, marks)).id
+        model = None
+        if self.spec.needs_model:  # Mistral names the model per job, not per line
+            model = await to_thread.run_sync(_first_model, path)
+        body = create_body(self.spec, upload, endpoint, window, marks, model)
+        return (await self._batch("POST", self.spec.batches, json=body)).id
 
     async def find(
         self, upload: str | None, marks: dict[str, str], lines: int, since: float
     ) -> str | None:
+        """The newest batch over ``upload`` whose metadata includes ``marks`` (a flavour that
+        keeps none, Together: over ``upload`` alone), in the first pages of the batch list."""
         if upload is None:
             return None
-        found = await self.api.find(upload, marks)
-        return None if found is None else found.id
+        cursor: str | None = None
+        spec = self.spec
+        for _ in range(_FIND_PAGES):
+            params = list_params(spec, cursor, self.page_size)
+            page = await self.retrier.call(
+                lambda p=params: self._json("GET", spec.batches, array=True, params=p)  # type: ignore[misc]
+            )
+            entries, cursor = read_page(spec, page, cursor, self.page_size)
+            for entry in entries:
+                try:
+                    batch = RemoteBatch.model_validate(normalize(spec, entry))
+                except (ValidationError, TypeError, AttributeError):
+                    continue
+                labels = batch.metadata or {}
+                if batch.input_file_id == upload and (
+                    not spec.metadata or all(labels.get(k) == v for k, v in marks.items())
+                ):
+                    return batch.id
+            if cursor is None:
+                return None
+        return None
 
     async def poll(self, remote_id: str) -> RemoteState:
-        return _state(await self.api.retrieve(remote_id))
+        return _state(await self._batch("GET", f"{self.spec.batches}/{remote_id}"))
 
     async def results(self, remote_id: str, dest: Path) -> None:
-        batch = await self.api.retrieve(remote_id)
+        batch = await self._batch("GET", f"{self.spec.batches}/{remote_id}")
         if batch.status == BatchStatus.failed:
             await to_thread.run_sync(_write_failure, batch, dest)
             return
@@ -129,13 +256,26 @@ class OpenAIBackend:
             await to_thread.run_sync(lambda: private_file(dest).close())
             for file_id in (batch.output_file_id, batch.error_file_id):
                 if file_id:
-                    await self.api.download(file_id, raw)
+                    await self._once("GET", f"/files/{file_id}/content", _saved_to(raw))
                     await to_thread.run_sync(_append_marked, raw, dest)
         finally:
             await anyio.Path(raw).unlink(missing_ok=True)
 
     async def cancel(self, remote_id: str) -> None:
-        await self.api.cancel(remote_id)
+        await self._batch("POST", f"{self.spec.batches}/{remote_id}/cancel")
+
+
+def _saved_to(dest: Path) -> Callable[[aiohttp.ClientResponse], Awaitable[None]]:
+    """How an answer's body is streamed to ``dest`` (replaced; mode 0600: answers are as
+    private as prompts)."""
+
+    async def save(resp: aiohttp.ClientResponse) -> None:
+        await to_thread.run_sync(lambda: private_file(dest).close())  # "wb" keeps the mode
+        async with await anyio.open_file(dest, "wb") as out:
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                await out.write(chunk)
+
+    return save
 
 
 def _state(batch: RemoteBatch) -> RemoteState:
@@ -173,19 +313,11 @@ def _write_failure(batch: RemoteBatch, dest: Path) -> None:
 def _append_marked(raw: Path, dest: Path) -> None:
     """Append the downloaded output or error file ``raw`` to ``dest``, each line a request
     may get otherwise in a later batch marked ``retryable``."""
-    with raw.open("rb") as src, dest.open("ab") as out:
-        for line in src:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                out.write(line.rstrip(b"\n") + b"\n")  # names no request: read as missing
-                continue
+    with dest.open("ab") as out:
+        for obj in json_lines(raw):
             if _retryable(obj):
                 obj["retryable"] = True
-                line = orjson.dumps(obj)
-            out.write(line.rstrip(b"\n") + b"\n")
+            out.write(orjson.dumps(obj) + b"\n")
 
 
 def _retryable(obj: Any) -> bool:
@@ -195,3 +327,29 @@ def _retryable(obj: Any) -> bool:
     if isinstance(response, dict):
         return response.get("status_code") in RETRYABLE_STATUS
     return isinstance(error, dict) and error.get("code") in _RETRYABLE_CODES
+
+
+def _first_model(path: Path) -> str | None:
+    """The ``body.model`` of a part file's first line (a job's lines share one), or None."""
+    with path.open("rb") as f:
+        line = f.readline()
+    try:
+        body = json.loads(line).get("body")
+    except (ValueError, AttributeError):
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _message(text: str) -> str:
+    """The ``error.message`` of an OpenAI error body, else the text itself (shortened)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])[:300]
+    if isinstance(data, dict) and data.get("detail"):
+        return str(data["detail"])[:300]
+    return text[:300]

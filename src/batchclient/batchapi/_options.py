@@ -1,11 +1,6 @@
-"""The options of the remote batch providers, declared once (``batchclient._options``).
-
-:class:`RemoteBatchOptions` is what every batch API takes; each backend's ``TypedDict`` extends
-it with its own (:class:`BatchAPIOptions`: ``flavor``, ``check_model``, ``tokenizer``;
-:class:`AnthropicBatchOptions`: ``api_version``, ``max_tokens``;
-:class:`GeminiBatchOptions`: ``inline_bytes``). The provider resolves them
-(:func:`~batchclient._options.resolve`); the clients take them as ``**options: Unpack[...]``
-and list them in their docstrings (:func:`~batchclient._options.document`).
+"""The options of the remote batch providers, declared once (``batchclient._options``):
+:class:`RemoteBatchOptions`, what every batch API takes, extended by each backend's own
+(:class:`BatchAPIOptions`, :class:`AnthropicBatchOptions`, :class:`GeminiBatchOptions`).
 """
 
 from __future__ import annotations
@@ -21,10 +16,9 @@ from .._routing.settings import RetryPolicy
 __all__ = ["AnthropicBatchOptions", "BatchAPIOptions", "GeminiBatchOptions", "RemoteBatchOptions"]
 
 POLL_INTERVAL_S = 10.0
-"""Every batch API's default poll interval: a remote batch takes minutes to hours, so polling
-every 10 s adds little to its wait (and a `batchclient serve` batch of a few seconds is not held
-up half a minute), while six polls a minute per running batch stay far under every provider's
-request limits."""
+"""Every batch API's default poll interval: little next to a remote batch's minutes to hours (a
+``batchclient serve`` batch of seconds is not held up), and six polls a minute per batch stay
+far under every provider's request limits."""
 
 
 class RemoteBatchOptions(TypedDict, total=False):
@@ -164,8 +158,7 @@ class AnthropicBatchOptions(RemoteBatchOptions, total=False):
         ),
     ]
     max_tokens: Annotated[
-        int,
-        Option(4096, "max_tokens of a request that sets none (Anthropic requires one)."),
+        int, Option(4096, "max_tokens of a request that sets none (Anthropic requires one).")
     ]
 
 

@@ -1,10 +1,6 @@
-"""The remote batches ("parts") of one local job: their records, and writing their input files
-from the job's input (their results come back through :mod:`._collect`).
-
-Records (:class:`RemoteIds`, schema ``batchapi`` in the jobs' database): ``remote_parts`` (each
-remote batch a job owns: its range of input lines, its uploaded file and remote batch ids, when
-its create was first sent, last seen status and request counts) and ``remote_calls`` (the job
-behind each call, by content key, so a repeated call re-attaches).
+"""The remote batches ("parts") of one local job: their records (:class:`RemoteIds`, schema
+``batchapi`` in the jobs' database: :class:`Part` and :class:`RemoteCall` rows), and their
+input files, written from the job's input (their results come back through :mod:`._collect`).
 
 A part covers a range of the job's input lines (``first_seq .. first_seq + count - 1``, at most
 ``max_lines`` long) and holds the lines of that range that were not finished when it was written,
@@ -12,8 +8,7 @@ in input order, up to ``max_bytes``. The same range and the same finished set al
 lines, so a part's file can be written again after a crash, and a remote error's 1-based ``line``
 maps back to its input line.
 
-Everything here is blocking (run it through ``anyio.to_thread``) and streams: a part file is
-written line by line.
+Everything here is blocking (run it through ``anyio.to_thread``) and streams.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -178,7 +174,7 @@ line's per-item error; the line is not sent)."""
 class LineCursor:
     """The request lines of a job's input file from ``start``, with one line of look-ahead."""
 
-    def __init__(self, path: Path, start: int = 0) -> None:
+    def __init__(self, path: Path, start: int) -> None:
         self._file: IO[bytes] = path.open("rb")
         self._lines = iter_requests(self._file)
         self._next: RequestLine | None = None
@@ -199,10 +195,12 @@ class LineCursor:
 
 @dataclass(frozen=True)
 class PartPlan:
+    """A part as written: input lines ``first_seq .. first_seq + count - 1``, ``lines`` of
+    them in its file."""
+
     first_seq: int
     count: int
     lines: int
-    bytes: int
 
 
 def write_part(
@@ -213,10 +211,14 @@ def write_part(
     limits: Limits,
     path: Path,
     encode: Encoder,
+    *,
+    whole: bool = False,
 ) -> PartPlan | None:
-    """Write the next part from ``cursor`` to ``path``; None when the input is exhausted. A
-    line that alone exceeds ``max_bytes``, or that ``encode`` refuses, is committed at once as
-    a per-item error."""
+    """Write the unfinished lines among the next ``max_lines`` of ``cursor`` to ``path``,
+    stopping before the line that would take the file over ``max_bytes`` (unless ``whole``: a
+    part written again, whose lines fitted before); None when the input is exhausted. A line
+    that ``encode`` refuses, or that alone exceeds ``max_bytes``, is committed at once as its
+    per-item error."""
     first = cursor.peek()
     if first is None:
         return None
@@ -229,75 +231,47 @@ def write_part(
     with private_file(path) as out:
         while (line := cursor.peek()) is not None and line.seq <= hi:
             if line.seq not in done:
-                data = _encoded(line, endpoint, encode, limits.max_bytes)
+                data = encode(line, endpoint)
+                if isinstance(data, bytes) and len(data) > limits.max_bytes:
+                    data = failed(
+                        ErrorCode.invalid_request,
+                        f"the request line is {len(data)} bytes, over the remote batch limit "
+                        f"of {limits.max_bytes} bytes (max_bytes)",
+                    )
                 if isinstance(data, Result):
                     sink.add(line, data)
+                elif size + len(data) > limits.max_bytes and not whole:
+                    break
                 else:
-                    if size + len(data) > limits.max_bytes:
-                        break
                     out.write(data)
                     size += len(data)
                     lines += 1
             last = line.seq
             cursor.advance()
     sink.flush()
-    return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines, bytes=size)
+    return PartPlan(first_seq=lo, count=last - lo + 1, lines=lines)
 
 
-def _encoded(line: RequestLine, endpoint: str, encode: Encoder, max_bytes: int) -> bytes | Result:
-    data = encode(line, endpoint)
-    if isinstance(data, bytes) and len(data) > max_bytes:
-        return failed(
-            ErrorCode.invalid_request,
-            f"the request line is {len(data)} bytes, over the remote batch limit of "
-            f"{max_bytes} bytes (max_bytes)",
-        )
-    return data
+def rewrite_part(
+    store: Store, job_id: str, input_path: Path, part: Part, endpoint: str, path: Path,
+    encode: Encoder, max_bytes: int,
+) -> int:  # fmt: skip
+    """Write a part's file again (after a crash before its upload, or to resubmit what is
+    left of it) as :func:`write_part` does; the number of lines."""
+    with closing(LineCursor(input_path, part.first_seq)) as cursor:
+        limits = Limits(part.count, max_bytes)
+        plan = write_part(cursor, store, job_id, endpoint, limits, path, encode, whole=True)
+    return 0 if plan is None else plan.lines
 
 
 def part_lines(store: Store, job_id: str, input_path: Path, part: Part) -> Iterator[RequestLine]:
     """The lines a part holds (its range less what was finished before it was written)."""
     done = store.finished_seqs(job_id, part.first_seq, part.first_seq + part.count - 1)
-    cursor = LineCursor(input_path, part.first_seq)
-    try:
+    with closing(LineCursor(input_path, part.first_seq)) as cursor:
         while (line := cursor.peek()) is not None and line.seq < part.first_seq + part.count:
             cursor.advance()
             if line.seq not in done:
                 yield line
-    finally:
-        cursor.close()
-
-
-def rewrite_part(
-    store: Store,
-    job_id: str,
-    input_path: Path,
-    part: Part,
-    endpoint: str,
-    path: Path,
-    encode: Encoder,
-    max_bytes: int,
-) -> int:
-    """Write a part's file again (after a crash before its upload, or to resubmit what is
-    left of it); the number of lines. A line ``encode`` refuses, or over ``max_bytes``, is
-    committed as its error."""
-    n = 0
-    sink = Committer(store, job_id)
-    with private_file(path) as out:
-        for line in part_lines(store, job_id, input_path, part):
-            data = _encoded(line, endpoint, encode, max_bytes)
-            if isinstance(data, Result):
-                sink.add(line, data)
-                continue
-            out.write(data)
-            n += 1
-    sink.flush()
-    return n
-
-
-def _row(job_id: str, line: RequestLine, result: Result, endpoint: Endpoint) -> ResultRow:
-    # the line's endpoint decides how its answer is checked (a completion has no message)
-    return row_for(job_id, request_for(line.seq, line.custom_id, line.body, endpoint), result)
 
 
 class Committer:
@@ -308,7 +282,9 @@ class Committer:
         self.endpoint = Endpoint(store.job_row(job_id).endpoint)
 
     def add(self, line: RequestLine, result: Result) -> None:
-        self.rows.append(_row(self.job_id, line, result, self.endpoint))
+        # the job's endpoint decides how an answer is checked (a completion has no message)
+        request = request_for(line.seq, line.custom_id, line.body, self.endpoint)
+        self.rows.append(row_for(self.job_id, request, result))
         if len(self.rows) >= _COMMIT_EVERY:
             self.flush()
 

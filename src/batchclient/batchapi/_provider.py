@@ -1,16 +1,10 @@
 """``RemoteBatchProvider``: a provider's batch API (a :class:`~._backend.RemoteBatchBackend`) as
-a :class:`~batchclient.Provider`, one class for every backend.
-
-The batch clients use it for the connection, identity, model check and options, and run whole
-calls and jobs as remote batches (:class:`~._execution.RemoteBatchExecution`).
-:meth:`RemoteBatchProvider.execute` runs one request as a one-request remote batch (not
-durable), for code that only knows the ``Provider`` interface: correct, but each request waits
-for its own batch.
-"""
+a :class:`~batchclient.Provider`, one class for every backend: the connection, identity, model
+check and options of the batch clients, which run whole calls and jobs as remote batches
+(:class:`~._execution.RemoteBatchExecution`)."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Unpack
@@ -35,44 +29,38 @@ from ._gemini import GeminiBackend
 from ._openai import OpenAIBackend
 from ._options import AnthropicBatchOptions, BatchAPIOptions, GeminiBatchOptions, RemoteBatchOptions
 from ._retry import ApiError, Retrier
-from ._runner import RunSettings
 
 __all__ = ["RemoteBatchProvider"]
-
-_DAY = 86400.0
 
 
 class RemoteBatchProvider(Provider):
     """A provider's batch API as a :class:`~batchclient.Provider`: ``backend`` with its
-    resolved ``options`` (what every batch API takes, :class:`RemoteBatchOptions`) and the
-    ``retrier`` of its calls. Built by :meth:`batch_api`, :meth:`anthropic` or :meth:`gemini`
-    (or by name: ``make_provider("batch-api", ...)``).
+    resolved ``options`` (every declared one, defaults filled in), its calls retried by
+    ``retrier``. Built by :meth:`batch_api`, :meth:`anthropic` or :meth:`gemini` (or by name:
+    ``make_provider("batch-api", ...)``).
 
-    Attributes: ``settings`` (how its jobs poll, wait and resubmit), ``completion_window``
-    (the window of a call's remote batches), ``on_expired`` (the live provider of what they
-    did not run, or None)."""
+    Attributes: ``completion_window`` (the window of a call's remote batches), ``on_expired``
+    (the live provider of what they did not run, or None).
+
+    Raises:
+        ConfigurationError: a value no batch API takes.
+    """
 
     def __init__(
         self,
         backend: RemoteBatchBackend,
         options: RemoteBatchOptions,
-        retrier: Retrier,
-        *,
         completion_window: str,
+        *,
         check_model: bool = False,
         tokenizer: str | None = None,
     ) -> None:
+        _check(options)
         self.backend = backend
         self.options = options
-        """The options as resolved (every declared one, defaults filled in)."""
         self.endpoints = backend.endpoints
-        self.retrier = retrier
+        self.retrier = Retrier(options["max_retries"], options["retry"])
         self.completion_window = completion_window
-        self.settings = RunSettings(
-            poll_interval_s=options["poll_interval_s"],
-            grace_s=options["expiry_grace_s"],
-            max_attempts=options["max_attempts"],
-        )
         on_expired = options["on_expired"]
         self.on_expired = on_expired.provider if isinstance(on_expired, BatchClient) else on_expired
         self._check_models = check_model
@@ -89,18 +77,12 @@ class RemoteBatchProvider(Provider):
         """An OpenAI-shaped Batch API at ``base_url`` (the API root ending in ``/v1``).
         Arguments as :class:`~batchclient.BatchAPIBatchInference`."""
         given = resolve(BatchAPIOptions, options, who="provider 'batch-api'")
-        retrier = _checked(given)
-        backend = OpenAIBackend(
-            base_url, api_key, flavor=given["flavor"], timeout_s=given["timeout_s"],
-            retrier=retrier, headers=given["headers"], max_lines=given["max_lines"],
-            max_bytes=given["max_bytes"],
-        )  # fmt: skip
+        backend = OpenAIBackend(base_url, api_key, given)
         window = given["completion_window"] or "24h"
-        check_window(backend.api.flavor, window, backend.api.base_url)
+        check_window(backend.spec, window, backend.base_url)
         return cls(
-            backend, given, retrier, completion_window=window, check_model=given["check_model"],
-            tokenizer=given["tokenizer"],
-        )  # fmt: skip
+            backend, given, window, check_model=given["check_model"], tokenizer=given["tokenizer"]
+        )
 
     @classmethod
     def anthropic(
@@ -110,22 +92,14 @@ class RemoteBatchProvider(Provider):
         api_key: str | None = None,
         **options: Unpack[AnthropicBatchOptions],
     ) -> RemoteBatchProvider:
-        """Anthropic Message Batches (``base_url`` default ``$ANTHROPIC_BASE_URL`` or
-        ``https://api.anthropic.com``). Arguments as
-        :class:`~batchclient.AnthropicBatchInference`."""
+        """Anthropic Message Batches. Arguments as :class:`~batchclient.AnthropicBatchInference`."""
         given = resolve(AnthropicBatchOptions, options, who="provider 'anthropic-batch'")
-        retrier = _checked(given)
         window = given["completion_window"] or "24h"
-        if _seconds(window) != _DAY:
+        if _seconds(window) != 86400:
             raise ConfigurationError(
                 f"completion_window {window!r}: Anthropic Message Batches take only 24h"
             )
-        backend = AnthropicBackend(
-            api_key, base_url, api_version=given["api_version"], max_tokens=given["max_tokens"],
-            timeout_s=given["timeout_s"], retrier=retrier, headers=given["headers"],
-            max_lines=given["max_lines"], max_bytes=given["max_bytes"],
-        )  # fmt: skip
-        return cls(backend, given, retrier, completion_window=window)
+        return cls(AnthropicBackend(base_url, api_key, given), given, window)
 
     @classmethod
     def gemini(
@@ -135,19 +109,10 @@ class RemoteBatchProvider(Provider):
         api_key: str | None = None,
         **options: Unpack[GeminiBatchOptions],
     ) -> RemoteBatchProvider:
-        """The Gemini Batch API (``base_url`` default
-        ``https://generativelanguage.googleapis.com``). Arguments as
-        :class:`~batchclient.GeminiBatchInference`."""
+        """The Gemini Batch API. Arguments as :class:`~batchclient.GeminiBatchInference`."""
         given = resolve(GeminiBatchOptions, options, who="provider 'gemini-batch'")
-        retrier = _checked(given)
         window = given["completion_window"] or "48h"  # when Gemini expires a batch itself
-        _seconds(window)
-        backend = GeminiBackend(
-            api_key, base_url, timeout_s=given["timeout_s"], retrier=retrier,
-            headers=given["headers"], max_lines=given["max_lines"],
-            max_bytes=given["max_bytes"], inline_bytes=given["inline_bytes"],
-        )  # fmt: skip
-        return cls(backend, given, retrier, completion_window=window)
+        return cls(GeminiBackend(base_url, api_key, given), given, window)
 
     # ------------------------------------------------------------------ the Provider interface
 
@@ -227,27 +192,25 @@ class RemoteBatchProvider(Provider):
         return known
 
     async def execute(self, request: Request) -> Result:
+        """``request`` as a one-request remote batch (not durable), for code that only knows
+        the ``Provider`` interface: correct, but each request waits for its own batch."""
         line = RequestLine(seq=0, line=1, custom_id="0", body=request.body)
         endpoint = request.endpoint.value
         data = self.backend.encode(line, endpoint)
         if isinstance(data, Result):
             return data
-        fd, name = tempfile.mkstemp(prefix="batchclient-", suffix=".jsonl")
-        path = Path(name)
-        dest = path.with_suffix(".results")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return await self._one(path, dest, endpoint, self.backend.wire_id(line))
-        except ApiError as exc:
-            code = ErrorCode.endpoint_unavailable if exc.status is None else ErrorCode.server_error
-            return failed(code, str(exc), status_code=exc.status)
-        finally:
-            await anyio.Path(path).unlink(missing_ok=True)
-            await anyio.Path(dest).unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(prefix="batchclient-") as tmp:  # mode 0700
+            path = Path(tmp, "request.jsonl")
+            await anyio.Path(path).write_bytes(data)
+            try:
+                return await self._one(path, endpoint, self.backend.wire_id(line))
+            except ApiError as exc:
+                unreached = exc.status is None
+                code = ErrorCode.endpoint_unavailable if unreached else ErrorCode.server_error
+                return failed(code, str(exc), status_code=exc.status)
 
-    async def _one(self, path: Path, dest: Path, endpoint: str, wire: str) -> Result:
-        backend = self.backend
+    async def _one(self, path: Path, endpoint: str, wire: str) -> Result:
+        backend, dest = self.backend, path.with_suffix(".results")
         upload = await self.retrier.call(lambda: backend.upload(path, 1, {}))
         # one attempt: a create is not idempotent, and nothing records this one to look for
         remote_id = await backend.submit(upload, path, endpoint, self.completion_window, {})
@@ -255,7 +218,7 @@ class RemoteBatchProvider(Provider):
             state = await self.retrier.call(lambda: backend.poll(remote_id), forever=True)
             if state.ended:
                 break
-            await anyio.sleep(self.settings.poll_interval_s)
+            await anyio.sleep(self.options["poll_interval_s"])
         await self.retrier.call(lambda: backend.results(remote_id, dest))
         result = await to_thread.run_sync(one_result, dest, wire)
         if result is not None:
@@ -271,8 +234,8 @@ def _seconds(window: str) -> float:
         raise ConfigurationError(str(exc)) from None
 
 
-def _checked(options: RemoteBatchOptions) -> Retrier:
-    """Refuse values no batch API takes; the retrier of the provider's calls."""
+def _check(options: RemoteBatchOptions) -> None:
+    """Refuse values no batch API takes."""
     if options["poll_interval_s"] <= 0 or options["timeout_s"] <= 0:
         raise ConfigurationError("poll_interval_s and timeout_s must be > 0 seconds")
     if options["max_retries"] < 0 or options["expiry_grace_s"] < 0:
@@ -284,4 +247,3 @@ def _checked(options: RemoteBatchOptions) -> Retrier:
         raise ConfigurationError("max_lines must be >= 1 and max_bytes >= 1024")
     if options["completion_window"] is not None:
         _seconds(options["completion_window"])
-    return Retrier(options["max_retries"], options["retry"])

@@ -1,11 +1,7 @@
-"""Retries of one remote batch API call, for every backend: tenacity, as the remote provider's.
-
-A backend's call is one attempt that raises :class:`ApiError` when it fails; :class:`Retrier`
-retries the transient ones (connection errors, timeouts, 408/409/429/5xx, a malformed answer)
-after the server's ``Retry-After`` when it sent one, else after ``backoff_initial_s`` doubling
-up to ``backoff_max_s`` (:class:`~batchclient.remote.RetryPolicy`). The wait is tenacity's, which is
-capped before it is computed too large to hold (a float overflows at the 1,024th doubling), so a
-remote batch polled for days through an outage keeps being polled.
+"""Retries of one remote batch API call, for every backend: tenacity, with the remote provider's
+wait (:class:`~batchclient._routing.retry.RetryWait`), which is capped before it is computed too
+large to hold (a float overflows at the 1,024th doubling), so a remote batch polled for days
+through an outage keeps being polled.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never
 
-from .._routing.retry import RetryWait
+from .._routing.retry import RETRYABLE_STATUS, RetryWait, parse_retry_after
 from .._routing.settings import RetryPolicy
 
 __all__ = ["ApiError", "Retrier"]
@@ -40,15 +36,30 @@ class ApiError(Exception):
         self.transient = transient
         self.retry_after_s = retry_after_s
 
+    @classmethod
+    def http(
+        cls, what: str, status: int, message: str, retry_after: str | None, cap_s: float
+    ) -> ApiError:
+        """``what`` answered HTTP ``status``: transient for 408, 409, 429 and 5xx, to be retried
+        after the server's ``Retry-After`` (at most ``cap_s`` seconds) when it sent one."""
+        return cls(
+            f"{what}: HTTP {status}: {message}"[:500],
+            status=status,
+            transient=status in RETRYABLE_STATUS,
+            retry_after_s=parse_retry_after(retry_after, cap_s=cap_s),
+        )
+
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, ApiError) and exc.transient
 
 
 class Retrier:
-    """``max_retries`` retries of a transient :class:`ApiError`, waiting as ``retry`` says."""
+    """``max_retries`` retries of a transient :class:`ApiError` (a connection error, a timeout,
+    408/409/429/5xx, a malformed answer), after the server's ``Retry-After`` when it sent one,
+    else after ``retry``'s backoff (:class:`~batchclient.remote.RetryPolicy`)."""
 
-    def __init__(self, max_retries: int = 8, retry: RetryPolicy = RetryPolicy()) -> None:
+    def __init__(self, max_retries: int, retry: RetryPolicy) -> None:
         self.max_retries = max_retries
         self.retry = retry
         # jitter of at most the first wait: tiny backoffs (tests) stay tiny

@@ -27,35 +27,22 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio import to_thread
 
-from .._core.provider import Provider
 from ..jobs._runner import RunningJob, finalize, run_unfinished, validate_job
 from ..jobs._store import JobRow, Store
-from ._backend import RemoteBatchBackend, RemoteState
+from ._backend import RemoteState
 from ._collect import collect
 from ._parts import LineCursor, Part, RemoteIds, fail_part, part_lines, rewrite_part, write_part
-from ._retry import ApiError, Retrier
+from ._provider import RemoteBatchProvider
+from ._retry import ApiError
 
 JOB_MARK = "batchclient_job"
 PART_MARK = "batchclient_part"
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """``poll_interval_s``: seconds between two polls of a remote batch; ``grace_s``: how long
-    past the local job's ``expires_at`` its remote batches are waited for before they are
-    cancelled and the job expires; ``max_attempts``: the most remote batches one request is
-    sent in."""
-
-    poll_interval_s: float
-    grace_s: float = 600.0
-    max_attempts: int = 3
 
 
 class _Job:
@@ -94,28 +81,20 @@ class _Job:
 
 class RemoteRunner:
     """The job runner of a client over a remote batch API: runs (or resumes) one local job on
-    ``backend``, each call retried by ``retrier``. ``provider`` checks the model at
-    validation; ``on_expired`` (a provider, or None) runs what the remote batches did not."""
+    ``provider``'s backend, with its options (``poll_interval_s``, ``expiry_grace_s``,
+    ``max_attempts``), retrier and ``on_expired``."""
 
-    def __init__(
-        self,
-        backend: RemoteBatchBackend,
-        provider: Provider,
-        retrier: Retrier,
-        settings: RunSettings,
-        on_expired: Provider | None = None,
-    ) -> None:
-        self.backend = backend
+    def __init__(self, provider: RemoteBatchProvider) -> None:
         self.provider = provider
-        self.retrier = retrier
-        self.settings = settings
-        self.on_expired = on_expired
+        self.backend = provider.backend
+        self.retrier = provider.retrier
+        self.options = provider.options
 
     async def __call__(self, store: Store, running: RunningJob) -> None:
         job_id = running.job_id
         row = await to_thread.run_sync(store.job_row, job_id)
         job = _Job(store, job_id, row)
-        remaining = float(row.expires_at or 0) - time.time() + self.settings.grace_s
+        remaining = float(row.expires_at or 0) - time.time() + self.options["expiry_grace_s"]
         running.scope.deadline = anyio.current_time() + remaining
         with running.scope:
             if row.status == "validating" and not await validate_job(store, self.provider, job_id):
@@ -134,8 +113,8 @@ class RemoteRunner:
             if job.remote_cancelled:
                 await finalize(store, job_id, "cancelled")
                 return
-            if self.on_expired is not None:
-                await run_unfinished(store, self.on_expired, job_id, row)
+            if self.provider.on_expired is not None:
+                await run_unfinished(store, self.provider.on_expired, job_id, row)
             else:
                 await finalize(store, job_id, "expired")
                 return
@@ -163,7 +142,7 @@ class RemoteRunner:
         """Write parts from input line ``start`` on; start driving each as soon as it is
         written, so its upload overlaps the writing of the next."""
         cursor = await to_thread.run_sync(LineCursor, job.input, start)
-        try:
+        with contextlib.closing(cursor):
             while True:
                 path = job.tmp("part", job.next_part)
                 plan = await to_thread.run_sync(
@@ -174,70 +153,63 @@ class RemoteRunner:
                     await anyio.Path(path).unlink(missing_ok=True)
                     return
                 part = await job.add(plan.first_seq, plan.count, 1)
-                if plan.lines == 0:  # everything in range already finished
-                    await anyio.Path(path).unlink(missing_ok=True)
-                    await job.update(part, state="collected")
-                    continue
-                tg.start_soon(self._drive, job, part, path)
-        finally:
-            cursor.close()
+                tg.start_soon(self._drive, job, part, (path, plan.lines))
 
-    async def _drive(self, job: _Job, part: Part, path: Path | None) -> None:
-        """Take one part (and its resubmissions) to ``collected``."""
+    async def _drive(self, job: _Job, part: Part, file: tuple[Path, int] | None) -> None:
+        """Take one part (and its resubmissions) to ``collected``. ``file``: its file as just
+        written and its number of lines (None: written again from its range)."""
         current: Part | None = part
         while current is not None:
-            this = current
             try:
-                current = await self._drive_once(job, this, path)
+                again = await self._drive_once(job, current, file)
             except ApiError as exc:  # given up on: its lines fail, the other parts go on
-                await to_thread.run_sync(
-                    fail_part, job.store, job.id, job.input, this, str(exc), exc.status
-                )
-                await job.update(this, state="collected")
-                current = None
-            finally:
-                if path is not None:
-                    await anyio.Path(path).unlink(missing_ok=True)
-                path = None
+                await self._fail(job, current, exc)
+                return
+            current, file = again, None
 
-    async def _drive_once(self, job: _Job, part: Part, path: Path | None) -> Part | None:
+    async def _drive_once(
+        self, job: _Job, part: Part, file: tuple[Path, int] | None
+    ) -> Part | None:
         if part.state in ("planned", "uploaded"):
-            written = path is not None and await anyio.Path(path).exists()
-            file = path if written and path is not None else job.tmp("part", part.part)
+            path = job.tmp("part", part.part) if file is None else file[0]
             try:
-                if written:
-                    lines = await to_thread.run_sync(_count_lines, file)
-                else:  # after a crash, or a resubmission: what is left of its range
+                if file is None:  # after a crash, or a resubmission: what is left of its range
                     lines = await to_thread.run_sync(
-                        rewrite_part, job.store, job.id, job.input, part, job.endpoint, file,
+                        rewrite_part, job.store, job.id, job.input, part, job.endpoint, path,
                         self.backend.encode, self.backend.limits.max_bytes,
                     )  # fmt: skip
+                else:
+                    lines = file[1]
                 if lines == 0:  # everything in its range finished (or was refused) meanwhile
                     await job.update(part, state="collected")
                     return None
                 if part.state == "planned":
                     marks, upload = job.marks(part), self.backend.upload
-                    uploaded = await self.retrier.call(lambda: upload(file, lines, marks))
+                    uploaded = await self.retrier.call(lambda: upload(path, lines, marks))
                     await job.update(part, state="uploaded", input_file_id=uploaded)
-                remote_id = await self._submit(job, part, file, lines)
+                remote_id = await self._submit(job, part, path, lines)
             finally:
-                if not written:
-                    await anyio.Path(file).unlink(missing_ok=True)
+                await anyio.Path(path).unlink(missing_ok=True)
             await job.update(
                 part, state="submitted", batch_id=remote_id, remote_status="in_progress"
             )
         state = await self._wait(job, part)
         return await self._collect(job, part, state)
 
+    async def _fail(self, job: _Job, part: Part, exc: ApiError) -> None:
+        """Every unfinished line of the part fails with ``exc``; it is collected."""
+        await to_thread.run_sync(
+            fail_part, job.store, job.id, job.input, part, str(exc), exc.status
+        )
+        await job.update(part, state="collected")
+
     async def _submit(self, job: _Job, part: Part, path: Path, lines: int) -> str:
         """Create the part's remote batch, at most once: after a failure that may have created
         it (no answer, a 5xx) or a crash after its create went out, look for it first."""
-        marks = job.marks(part)
         search = part.sent_at is not None
-        if part.sent_at is None:
+        if not search:
             await job.update(part, sent_at=time.time())
-        assert part.sent_at is not None
-        since = part.sent_at
+        marks, since = job.marks(part), part.sent_at or 0.0
         async for attempt in self.retrier.attempts():
             with attempt:
                 if search:
@@ -268,7 +240,7 @@ class RemoteRunner:
                 )  # fmt: skip
             if state.ended:
                 return state
-            await anyio.sleep(self.settings.poll_interval_s)
+            await anyio.sleep(self.options["poll_interval_s"])
 
     async def _collect(self, job: _Job, part: Part, state: RemoteState) -> Part | None:
         """Commit an ended batch's results; return the part that carries what is left to
@@ -276,7 +248,7 @@ class RemoteRunner:
         assert part.batch_id is not None
         batch_id, results = part.batch_id, self.backend.results
         again = (
-            part.attempt < self.settings.max_attempts and not job.stopping and not state.cancelled
+            part.attempt < self.options["max_attempts"] and not job.stopping and not state.cancelled
         )
         dest = job.tmp("download", part.part)
         try:
@@ -284,7 +256,7 @@ class RemoteRunner:
             store, wire_id = job.store, self.backend.wire_id
             left = await to_thread.run_sync(
                 lambda: collect(
-                    store, job.id, job.input, part, [dest], wire_id=wire_id,
+                    store, job.id, job.input, part, dest, wire_id=wire_id,
                     complete=not state.partial, resubmit=again,
                 )
             )  # fmt: skip
@@ -333,12 +305,4 @@ class RemoteRunner:
             state = await self._wait(job, part)
             await self._collect(job, part, state)
         except ApiError as exc:
-            await to_thread.run_sync(
-                fail_part, job.store, job.id, job.input, part, str(exc), exc.status
-            )
-            await job.update(part, state="collected")
-
-
-def _count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(1 for _ in f)
+            await self._fail(job, part, exc)
