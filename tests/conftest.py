@@ -29,6 +29,10 @@ from providers import Provider, inline_provider, remote_provider
 _CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
 SERVER_BINDING = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or str(_CORES[0])
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
+# Ray's memory monitor weighs the whole machine, where this session's other engines and servers
+# run beside the cluster, and kills a replica in the middle of its start when they peak (it
+# reads as "a Ray replica failed to start"). The tests size every engine's KV cache themselves.
+os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
 
 # Tests never read or write the user's state directory: a client without ``state_dir=`` keeps
 # its jobs in one private folder per test process (and its children), whatever schema the

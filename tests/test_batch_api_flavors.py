@@ -126,7 +126,7 @@ async def test_find_pages_through_the_batch_list(tmp_path: Path, flavor: str) ->
 async def test_together_list_is_one_unpaged_array(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"custom_id": "0", "body": {"model": "m", "messages": []}}\n')
-    with BatchAPIStub(flavor="together", page_cap=1) as stub:
+    with BatchAPIStub(flavor="together", page_cap=1, line_delay_s=60) as stub:  # still running
         async with provider(stub) as p:
             api = backend(p)
             files = [await api.upload(path, 1, {}) for _ in range(3)]
