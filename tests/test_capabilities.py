@@ -112,7 +112,7 @@ SERVES: dict[str, dict[str, str]] = {
         "scoring": REFUSED,
         "embeddings": OK,
     },
-    # the replica here generates: Ray replicas of a pooling engine embed (tests/test_ray.py)
+    # the replica here generates: Ray replicas of a pooling engine embed (tests/distributed/test_ray.py)
     "ray": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED},
 }
 

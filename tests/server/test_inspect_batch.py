@@ -20,7 +20,7 @@ from server_util import KEY_A, ready, sdk, spawn
 
 pytest.importorskip("inspect_ai", reason="inspect-ai is in the dev extra")
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "server.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 LOG_ARGS = ("--log-dir", "logs", "--log-format", "json", "--display", "none")
 REFUSED = {"error": {"message": "no such country", "type": "invalid_request_error"}}
 

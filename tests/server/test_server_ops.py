@@ -372,7 +372,7 @@ def test_serve_stops_cleanly_when_its_metrics_port_is_taken(tmp_path: Path) -> N
                 "--port", str(free_port()), "--metrics-port", busy]  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "batchclient.cli", *args], capture_output=True, text=True,
-            timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+            timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
         )  # fmt: skip
     assert done.returncode == 3, done.stderr  # uvicorn's start-up failure
     assert "address already in use" in done.stderr and "Traceback" not in done.stderr

@@ -135,7 +135,7 @@ def lm_eval_vllm(tasks: Path, out: Path) -> None:
     """lm-eval's own ``vllm`` backend on the bundled model, in a child process, through
     ``python -m batchclient.integrations.lm_eval`` (the version-lookup fix)."""
     env = {**os.environ, **OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env["PYTHONPATH"] = str(Path(__file__).parents[1] / "src")
+    env["PYTHONPATH"] = str(Path(__file__).parents[2] / "src")
     args = f"pretrained={bundled_model_path()},max_model_len=2048,enforce_eager=True,dtype=float32"
     subprocess.run(
         [
@@ -196,7 +196,7 @@ def test_the_lm_eval_command_runs_an_offline_task_on_the_server(
     vllm_url: str, tmp_path: Path
 ) -> None:
     tasks = write_tasks(tmp_path / "tasks")
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     command = [
         sys.executable, "-m", "batchclient.cli", "lm-eval", "--provider", "remote",
         "--base-url", vllm_url, "--model", MODEL, "--tokenizer", str(bundled_model_path()),

@@ -20,7 +20,7 @@ from batchclient import __version__
 from batchclient.cli import build_parser, main, plain
 from batchclient.testing import _process
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 MARKUP = re.compile(r"`|:[a-z]+:`|\*\*")
 """Literals (any backtick), roles (``:class:`...```) and bold."""
 

@@ -288,7 +288,7 @@ def test_an_event_survives_sigkill_between_the_end_and_the_delivery(
 
 def docs_recipe() -> str:
     """The receiver's recipe of docs/server.md ("Webhooks"): its Python block that unwraps."""
-    text = (Path(__file__).parents[1] / "docs" / "server.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "server.md").read_text()
     blocks: list[str] = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
     (recipe,) = [b for b in blocks if "webhooks.unwrap" in b or ".unwrap(" in b]
     return recipe

@@ -43,7 +43,7 @@ from batchclient.testing import StubServer, free_port
 from jobs_util import FAST, jsonl, line, wait_sync
 from server_util import KEY_A, WINDOW, batch_file, is_envelope, ready, sdk, spawn, wait_batch
 
-PYTHONPATH = str(Path(__file__).parents[1] / "src")
+PYTHONPATH = str(Path(__file__).parents[2] / "src")
 LEASE_TIMES = "BATCHCLIENT_LEASE_TIMES"
 
 

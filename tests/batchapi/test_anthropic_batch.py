@@ -2,7 +2,7 @@
 SDK (a shape the SDK would not parse fails here): translation both ways, packing, per-item
 errors, resubmission of only what needs it, 429 / 5xx on create and polling, a lost create
 answer, cancel keeping what finished, ``anthropic-version`` and sampling fields, ids mapped and
-back, and the CLI. Crash and resume: ``tests/test_batch_api_resume.py``."""
+back, and the CLI. Crash and resume: ``tests/batchapi/test_batch_api_resume.py``."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ async def test_a_real_429_backs_off_whatever_its_body_says(body: Any) -> None:
 async def test_retry_after_pauses_the_endpoint_when_throttling_is_endpoint_wide() -> None:
     """Every answer is ``429 Retry-After: 1`` for a moment: no request at all reaches the
     endpoint for that second (not only the throttled ones). An isolated 429 holds only its
-    own request (tests/test_remote_pacing.py)."""
+    own request (tests/remote/test_remote_pacing.py)."""
     arrivals: list[float] = []
     first: list[float] = []
 

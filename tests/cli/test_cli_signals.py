@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).parents[1] / "src")
+SRC = str(Path(__file__).parents[2] / "src")
 
 SYNC = """
 import sys, time

@@ -2,7 +2,7 @@
 stub on loopback (``batchclient.testing.GeminiBatchStub``): inline and uploaded-file batches,
 results out of order, refused and unsupported items, resubmission of what expired or failed
 retryably (and only that), 429 / 5xx on create and polling, lost create answers, a stuck batch
-cancelled. Crash and resume: ``tests/test_batch_api_resume.py``."""
+cancelled. Crash and resume: ``tests/batchapi/test_batch_api_resume.py``."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_jobs_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     return subprocess.Popen(
         [sys.executable, "-m", "batchclient.cli", *args],
         env=env,

@@ -37,7 +37,7 @@ def _lettered(row: dict[str, Any]) -> str:
 def mmlu_pairs() -> list[tuple[str, str]]:
     """``QUESTIONS`` questions of ``tests/evals/mc.jsonl`` x 4 letter choices, after five shots
     (the first five rows, answered): every context shares a prefix of over one KV block."""
-    path = Path(__file__).parent / "evals" / "mc.jsonl"
+    path = Path(__file__).parents[1] / "evals" / "mc.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     shots = "".join(f"{_lettered(r)} {LETTERS[r['answer']]}\n\n" for r in rows[:5])
     header = "The following are multiple choice questions about the world.\n\n"

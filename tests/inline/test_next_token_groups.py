@@ -1,7 +1,7 @@
 """The merging of one-token scoring requests (``batchclient.inline._next_tokens``): requests
 over one context in flight together make one scoring call whose tokens are theirs, each gets
 its own token's result, and a refusal of the group is retried token by token. The engine side
-(one engine request, scores equal to each alone) is ``tests/test_single_token_scoring.py``'s;
+(one engine request, scores equal to each alone) is ``tests/inline/test_single_token_scoring.py``'s;
 here a recording scorer stands in for the engine so the grouping rules can be checked one by
 one."""
 

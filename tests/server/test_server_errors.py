@@ -27,7 +27,7 @@ from batchclient.types import FileObject
 from jobs_util import jsonl, line, wait_sync
 from server_util import KEY_A, KEY_B, Servers, batch_file, http, is_envelope, ready, sdk, wait_batch
 
-SRC = Path(__file__).parents[1] / "src"
+SRC = Path(__file__).parents[2] / "src"
 BARE = {"error": {"message": "max_tokens is too large"}}  # no type, param or code
 DETAIL = {"detail": [{"loc": ["body", "n"], "msg": "bad n"}], "extra": 1}  # FastAPI's shape
 

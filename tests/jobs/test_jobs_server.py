@@ -90,7 +90,7 @@ def test_crash_and_resume_against_the_real_server(vllm_url: str, tmp_path: Path)
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([line(f"r{i}", f"Count to {i}.", max_tokens=4) for i in range(300)]))
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     with CountingProxy(vllm_url) as proxy:
         args = [
             "run",

@@ -176,7 +176,7 @@ async def test_fields_the_engine_cannot_honour_are_refused_by_name(
 async def test_malformed_tools_in_a_body_are_per_item_invalid_request(
     inline_client: VLLMBatchInference, fields: dict[str, Any], param: str
 ) -> None:
-    """Tools are served inline (``tests/test_structured.py``); a malformed ``tools`` or a
+    """Tools are served inline (``tests/core/test_structured.py``); a malformed ``tools`` or a
     ``tool_choice`` without tools in a raw body (a job line) is that item's 400."""
     result = await run_body(inline_client, 0, body(**fields))
     assert result.status_code == 400

@@ -225,7 +225,7 @@ async def test_batch_embeddings_float_and_base64_against_the_stub(tmp_path: Path
     assert isinstance(b64.batch[0].embedding, str)
     assert b64.embeddings[1] == pytest.approx(stub_vector("dog"), abs=1e-6)
     assert [i for i, _ in floats.errors] == [2]
-    # each call's two inputs go in one request (tests/test_embed_groups.py)
+    # each call's two inputs go in one request (tests/remote/test_embed_groups.py)
     assert [b["input"] for b in stub.stats.bodies] == [["cat", "dog"], ["cat", "dog"]]
 
 

@@ -22,7 +22,7 @@ from batchclient.testing import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
-SRC = str(Path(__file__).parents[1] / "src")
+SRC = str(Path(__file__).parents[2] / "src")
 EXIT_S = 15.0
 """How long the command may take to exit after SIGTERM."""
 
