@@ -112,7 +112,8 @@ SERVES: dict[str, dict[str, str]] = {
         "scoring": REFUSED,
         "embeddings": OK,
     },
-    # the replica here generates: Ray replicas of a pooling engine embed (tests/distributed/test_ray.py)
+    # the replica here generates: Ray replicas of a pooling engine embed
+    # (tests/distributed/test_ray.py)
     "ray": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED},
 }
 
@@ -413,11 +414,12 @@ _FIXTURE = {
 # the cells without an engine share one test process, which sets up the module's clients (and
 # imports their SDKs) once; the engine cells go with the other server and engine tests
 _QUICK = [pytest.mark.xdist_group("capabilities")]
+_SDK = [*_QUICK, pytest.mark.slow]  # the SDK's import alone takes seconds
 _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "remote": _QUICK,
     "batch-api": _QUICK,
-    "anthropic-batch": _QUICK,
-    "gemini-batch": _QUICK,
+    "anthropic-batch": _SDK,
+    "gemini-batch": _SDK,
     "inline": [pytest.mark.engine],
     "inline-pooling": [pytest.mark.engine],
     # the cluster and its engine take one to several minutes to start on 2 busy cores

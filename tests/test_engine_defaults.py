@@ -128,6 +128,7 @@ def test_the_choices_are_logged_in_one_line(caplog: pytest.LogCaptureFixture) ->
     assert given.describe(None).startswith("dtype=float32 (given); KV cache: vLLM's")
 
 
+@pytest.mark.slow
 def test_the_platform_check_imports_neither_vllm_nor_torch() -> None:
     code = (
         "import sys; from batchclient import _engine_defaults as d; "

@@ -243,6 +243,7 @@ def test_there_is_no_import_cycle() -> None:
     assert not cycles, "\n".join(cycles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module",
     [
@@ -274,6 +275,7 @@ def test_collecting_the_tests_imports_no_slow_library(pytestconfig: pytest.Confi
     assert loaded == [], f"import {', '.join(loaded)} inside the test or fixture that needs it"
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("torch")
 def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> None:
     """Under ``--dist loadgroup`` a grouped test's node id ends in its group, which is what

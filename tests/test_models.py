@@ -60,6 +60,7 @@ def _numel(shape: list[int]) -> int:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("torch")  # AutoTokenizer imports torch: one test process pays it
 def test_tokenizer_renders_the_smollm_chat(model_dir: Path) -> None:
     template = (model_dir / "chat_template.jinja").read_text()
@@ -80,6 +81,7 @@ def test_tokenizer_renders_the_smollm_chat(model_dir: Path) -> None:
     assert len(tok.encode("hello world")) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("torch")  # AutoTokenizer imports torch: one test process pays it
 def test_the_tests_reference_tokenizer_is_what_auto_tokenizer_loads(model_dir: Path) -> None:
     """``providers.tokenizer()`` (the tests' reference) and ``batchclient.datasets``' default
@@ -205,6 +207,7 @@ def _converters_leave_one_complete_folder(
     return folder
 
 
+@pytest.mark.slow
 def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: Path) -> None:
     log = tmp_path / "conversions.log"
     _converters_leave_one_complete_folder(

@@ -156,6 +156,7 @@ def test_answers_come_back_as_openai_chat_completions() -> None:
 # ---------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 async def test_a_call_is_packed_sent_through_the_sdk_and_answered_in_order(tmp_path: Path) -> None:
     texts = [f"q{i}" for i in range(30)]
     with AnthropicBatchStub(api_key=KEY) as stub:
@@ -169,6 +170,7 @@ async def test_a_call_is_packed_sent_through_the_sdk_and_answered_in_order(tmp_p
     assert metrics["prompt_tokens"] == 1.0
 
 
+@pytest.mark.slow
 async def test_byte_packing_fills_parts_under_max_bytes(tmp_path: Path) -> None:
     texts = [f"{i:03d}" + "x" * 300 for i in range(12)]
     with AnthropicBatchStub(api_key=KEY) as stub:
@@ -395,6 +397,7 @@ async def test_the_provider_interface_runs_one_request_as_a_one_request_batch() 
     assert stub.stats.creates == 1
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 async def test_ten_thousand_conversations_are_one_create(tmp_path: Path) -> None:
     texts = [f"Question {i}: " + " ".join(f"w{j}" for j in range(40)) for i in range(10_000)]

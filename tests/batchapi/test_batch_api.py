@@ -175,6 +175,7 @@ async def test_polling_survives_5xx_429_and_malformed_answers(tmp_path: Path) ->
     assert took >= 1.0
 
 
+@pytest.mark.slow
 async def test_polling_outlasts_more_than_a_thousand_failed_polls(tmp_path: Path) -> None:
     # the backoff doubles per failure: past the 1,024th it must stay capped, not overflow
     tiny = RetryPolicy(backoff_initial_s=0.0001, backoff_max_s=0.0002)

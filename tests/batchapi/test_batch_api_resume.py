@@ -144,6 +144,7 @@ def _kill_at(backend: Backend, stub: Any, state: Path, point: str, mode: str, ar
     assert b"finished" not in (proc.stdout.read() if proc.stdout else b"")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "point", "mode"), _cases())
 async def test_a_killed_client_resumes_without_sending_anything_twice(
     backend: Backend, point: str, mode: str, tmp_path: Path

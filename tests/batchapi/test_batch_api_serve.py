@@ -121,6 +121,7 @@ async def test_lines_rate_limited_twice_are_answered_by_the_third_remote_batch(
     assert {p: sent[p] for p in prompts} == {p: 3 if "BUSY" in p else 1 for p in prompts}
 
 
+@pytest.mark.slow
 def test_lm_eval_scores_text_through_the_batch_api_with_a_local_tokenizer(
     serve: Serve, tmp_path: Path
 ) -> None:
@@ -207,6 +208,7 @@ def kill_once_submitted(serve: Serve, state: Path) -> None:
             proc.kill()
 
 
+@pytest.mark.slow
 async def test_killed_client_reattaches_without_a_second_submission(
     serve: Serve, tmp_path: Path
 ) -> None:

@@ -312,6 +312,7 @@ def _jsonl(tmp_path: Path, prompts: list[str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 async def test_ten_thousand_conversations_are_one_uploaded_create(tmp_path: Path) -> None:
     prompts = [f"Question {i}: " + " ".join(f"w{j}" for j in range(40)) for i in range(10_000)]

@@ -58,12 +58,14 @@ def help_text(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_version_prints_the_package_version() -> None:
     done = cli("--version")
     assert (done.returncode, done.stdout, done.stderr) == (0, f"batchclient {__version__}\n", "")
     assert "--version" in cli("--help").stdout
 
 
+@pytest.mark.slow
 def test_the_top_level_help_is_plain_text() -> None:
     done = cli("--help")
     assert done.returncode == 0

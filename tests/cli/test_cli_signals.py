@@ -50,6 +50,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [SYNC, ASYNC], ids=["sync", "anyio"])
 @pytest.mark.parametrize("handled", [True, False], ids=["handled", "default"])
 def test_sigterm_runs_the_clean_up(tmp_path: Path, code: str, handled: bool) -> None:

@@ -47,6 +47,7 @@ def often() -> Iterator[None]:
         sys.setswitchinterval(before)
 
 
+@pytest.mark.slow
 async def test_the_cycle_collector_stays_on_throughout_a_call(often: None) -> None:
     assert gc.isenabled() and gc.get_freeze_count() == 0
     where = {name: Samples() for name in ("on_item", "progress", "task", "thread")}

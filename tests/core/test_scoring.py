@@ -116,6 +116,7 @@ def test_pairs_are_tokenised_as_lm_eval_tokenises_them(which: str) -> None:
     assert ours(tok, PAIRS) == reference_pairs(tok, PAIRS)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
@@ -194,6 +195,7 @@ def test_rolling_windows_are_lm_evals(tokens: list[int], max_seq_len: int) -> No
     assert predicted == tokens  # every token predicted exactly once
 
 
+@pytest.mark.slow
 def test_rolling_requests_fit_the_context_and_cover_the_text() -> None:
     tok = bundled_tokenizer()
     text = " ".join(f"word{i}" for i in range(200))

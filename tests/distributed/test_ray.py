@@ -199,7 +199,8 @@ async def test_pooling_replicas_embed_as_the_inline_engine(
     theirs = await pooling_client.batch_embeddings(MODEL, texts)
     assert not ours.errors and not theirs.errors
     for mine, other in zip(ours.batch, theirs.batch, strict=True):
-        # bfloat16 rounding moves with the batching, not the vector (tests/inline/test_embeddings.py)
+        # bfloat16 rounding moves with the batching, not the vector
+        # (tests/inline/test_embeddings.py)
         assert len(mine.vector) == 576 and cosine(mine.vector, other.vector) >= 0.999
         assert mine.metric("prompt_tokens") == other.metric("prompt_tokens")
 

@@ -23,8 +23,8 @@ from batchclient.testing._stub_answers import token_logprob
 from providers import tokenizer
 
 # the model's tokenizer= folder is loaded by AutoTokenizer, which imports torch: one test
-# process pays it
-pytestmark = pytest.mark.xdist_group("torch")
+# process pays it, seconds: the slow tier
+pytestmark = [pytest.mark.xdist_group("torch"), pytest.mark.slow]
 
 
 def instances(kind: str, args: list[tuple[Any, ...]]) -> list[Instance]:

@@ -78,6 +78,7 @@ async def test_estimate_of_a_refused_file_lists_its_errors(tmp_path: Path) -> No
     ]
 
 
+@pytest.mark.slow
 def test_prompt_tokens_with_the_model_tokenizer_match_it(tmp_path: Path) -> None:
     """The bundled model's tokenizer and chat template, as the server and engine count."""
     from providers import prompt_tokens
@@ -187,6 +188,7 @@ async def test_estimate_of_completions_and_embeddings_files_counts_their_prompts
     assert "Endpoint." not in mixed_est.errors[0].message
 
 
+@pytest.mark.slow
 def test_prompt_tokens_of_completions_with_the_model_tokenizer(tmp_path: Path) -> None:
     """With a tokenizer a text prompt is its tokens (special tokens as a server adds them),
     token ids count one each, and a list of texts is the sum of its texts."""

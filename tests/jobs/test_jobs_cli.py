@@ -145,6 +145,7 @@ def kill_after(proc: subprocess.Popen[bytes], state: Path, n: int, sent: Any = N
     return done_in_db(state)
 
 
+@pytest.mark.slow
 def test_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_path: Path) -> None:
     inp = write_input(tmp_path / "in.jsonl", 500)
     digest = hashlib.sha256(inp.read_bytes()).hexdigest()
@@ -163,6 +164,7 @@ def test_results_are_on_disk_as_they_complete_and_input_is_untouched(tmp_path: P
     assert not out.exists()  # the output is written whole at the end, never half
 
 
+@pytest.mark.slow
 def test_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> None:
     inp = write_input(tmp_path / "in.jsonl", 300, bad=frozenset({7, 150}))
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
@@ -182,6 +184,7 @@ def test_sigkill_and_rerun_sends_only_unfinished_requests(tmp_path: Path) -> Non
     assert sum(before.values()) - at_kill <= WINDOW  # what was lost at the kill: the window
 
 
+@pytest.mark.slow
 def test_cancelled_run_is_cancelled_from_another_process_and_rerun_reuses_its_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from openai.types import Completion, CreateEmbeddingResponse
+from test_jobs_cli import kill_after, spawn
 
 from batchclient import (
     BatchCompletionResponse,
@@ -25,7 +27,6 @@ from batchclient.cli import main
 from batchclient.jobs import validate_batch_file
 from batchclient.testing import Fault, StubReply, StubServer
 from jobs_util import FAST, jsonl, read_jsonl
-from test_jobs_cli import kill_after, spawn
 
 COMPLETIONS, EMBEDDINGS = Endpoint.completions.value, Endpoint.embeddings.value
 
@@ -152,6 +153,7 @@ def sent(stub: StubServer) -> Counter[str]:
     return Counter(str(b.get("prompt")) for b in stub.stats.bodies)
 
 
+@pytest.mark.slow
 def test_batchclient_run_takes_a_completions_file_and_resumes_after_sigkill(tmp_path: Path) -> None:
     inp, out, state = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "state"
     inp.write_bytes(jsonl([completion_line(f"r{i}", f"n{i}") for i in range(200)]))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 from batchclient import RemoteBatchInference
 from batchclient.testing import StubServer
@@ -19,6 +20,7 @@ IN_FLIGHT = 4
 LINES = 240  # 40 lines/s: a 6-second batch
 
 
+@pytest.mark.slow
 async def test_the_eta_of_a_steady_batch_is_right_from_its_first_seconds(tmp_path: Path) -> None:
     """From 1 s to 2.5 s into a 6 s batch, the ETA is within 1.25x of the time the batch
     really took to finish from then (the first rate came from the whole-second

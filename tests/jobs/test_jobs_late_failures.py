@@ -238,6 +238,7 @@ async def test_job_result_of_a_batch_that_stopped_midway_marks_lines_without_a_r
 # ------------------------------------------------------------------------------ real mounts
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_cli_output_on_a_full_disk_then_run_again_sends_nothing(tmp_path: Path) -> None:
     inp, state, out_dir = tmp_path / "in.jsonl", tmp_path / "state", tmp_path / "out"
@@ -258,6 +259,7 @@ def test_cli_output_on_a_full_disk_then_run_again_sends_nothing(tmp_path: Path) 
     assert [r["custom_id"] for r in read_jsonl(out)] == [f"r{i}" for i in range(200)]
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_cli_output_in_a_read_only_folder(tmp_path: Path) -> None:
     inp, state, out_dir = tmp_path / "in.jsonl", tmp_path / "state", tmp_path / "out"
@@ -278,6 +280,7 @@ def test_cli_output_in_a_read_only_folder(tmp_path: Path) -> None:
     assert len(read_jsonl(out)) == 20 and not list(out_dir.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_cli_job_files_on_a_full_disk_then_run_again_resumes_the_job(tmp_path: Path) -> None:
     """The batch's own output file cannot be written (its folder is a full tmpfs): the batch
@@ -311,6 +314,7 @@ mount -o remount,size=4m '{files}'
     assert [r["custom_id"] for r in read_jsonl(out)] == [f"r{i}" for i in range(120)]
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_cli_database_on_a_full_disk_then_run_again_sends_only_what_was_not_committed(
     tmp_path: Path,

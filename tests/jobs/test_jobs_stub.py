@@ -225,6 +225,7 @@ async def test_unsupported_fields_reach_the_error_file_and_the_result(tmp_path: 
 # ------------------------------------------------------------------------------ cancel, failure
 
 
+@pytest.mark.slow
 async def test_cancel_stops_in_flight_work_and_keeps_finished_results(
     tmp_path: Path,
 ) -> None:
@@ -411,6 +412,7 @@ async def test_error_records_have_the_openai_shape(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ resume
 
 
+@pytest.mark.slow
 async def test_leaving_the_block_pauses_and_the_next_client_resumes(tmp_path: Path) -> None:
     with StubServer(latency_s=0.02, jitter_s=0.1, record_bodies=True) as stub:
         async with client(stub, tmp_path, max_concurrency=8) as c:
@@ -454,6 +456,7 @@ async def test_a_live_job_is_not_taken_over_and_can_be_cancelled_from_another_cl
     assert len(texts) == len(set(texts))  # nothing was run twice
 
 
+@pytest.mark.slow
 async def test_a_job_resumed_after_its_window_expires_at_once(tmp_path: Path) -> None:
     with StubServer(latency_s=0.5) as stub:
         async with client(stub, tmp_path, max_concurrency=2) as c:

@@ -124,6 +124,7 @@ def sent_by_text(stub: StubServer) -> Counter[str]:
 # ------------------------------------------------------------------ a full disk, then resume
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_a_full_disk_under_the_database_fails_the_batch_and_resume_finishes_it(
     tmp_path: Path,
@@ -198,6 +199,7 @@ def http(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs resource.prlimit (Linux)")
 def test_a_database_that_cannot_be_written_is_reported_failed_at_once_and_recorded_later(
     tmp_path: Path,
@@ -258,6 +260,7 @@ def test_a_database_that_cannot_be_written_is_reported_failed_at_once_and_record
 # ------------------------------------------------------------------ orphans, not by pid
 
 
+@pytest.mark.slow
 @needs_pid_namespaces
 def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(tmp_path: Path) -> None:
     """Two servers, each PID 1 of its own PID namespace (as a container's entrypoint), on one
@@ -310,6 +313,7 @@ def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(tmp_pat
 # ------------------------------------------------------------------ temporary files
 
 
+@pytest.mark.slow
 def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
     tmp_path: Path,
 ) -> None:

@@ -159,6 +159,7 @@ async def test_text_scoring_without_a_tokenizer_is_a_clear_error(tmp_path: Path)
             assert stub.stats.requests == 0
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("torch")  # tokenizer= is loaded by AutoTokenizer, which imports torch
 async def test_text_scoring_with_a_local_tokenizer(tmp_path: Path) -> None:
     from providers import tokenizer
@@ -269,6 +270,7 @@ def test_stub_vectors_are_unit_vectors() -> None:
 # ------------------------------------------------------------------------------ whole-call errors
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("torch")  # tokenizer= is loaded by AutoTokenizer, which imports torch
 async def test_every_call_kind_checks_its_arguments_before_sending(tmp_path: Path) -> None:
     """Bad arguments are a ``ConfigurationError`` raised by the call itself, before any request

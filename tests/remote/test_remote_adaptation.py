@@ -83,6 +83,7 @@ async def test_the_limit_settles_at_the_capacity_however_the_server_refuses(
     assert min(late) >= 3, late  # no collapse toward the minimum
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 async def test_the_limit_follows_a_capacity_that_grows_and_shrinks() -> None:
     """Capacity 6, then 12 from 1.2 s, then 3 from 2.6 s, refused after working with

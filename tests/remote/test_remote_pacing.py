@@ -28,6 +28,7 @@ def convos(n: int, prefix: str = "n") -> list[list[dict[str, str]]]:
 # ---------------------------------------------------------------------------- Retry-After
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retry_after", [None, "1"])
 async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
     retry_after: str | None,
@@ -122,6 +123,7 @@ async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
 # ---------------------------------------------------------------------------- announced quotas
 
 
+@pytest.mark.slow
 async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     """A gateway allowing 40 requests per 0.5 s window, announced in ``x-ratelimit-*``
     headers, and no rpm set by the user: the client holds before the quota runs out."""
@@ -143,6 +145,7 @@ async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
     assert stub.stats.by_status[429] > 24
 
 
+@pytest.mark.slow
 async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
     # each request: 1 prompt word + max_tokens 20 = 21 tokens; 420 per 0.5 s = 20 requests
     with StubServer(latency_s=0.02, token_quota=(420, 0.5)) as stub:

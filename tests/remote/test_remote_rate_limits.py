@@ -99,6 +99,7 @@ def lane_estimate(client: RemoteBatchInference) -> float | None:
     return stats[0].output_tokens_estimate if stats else None
 
 
+@pytest.mark.slow
 async def test_timeouts_count_from_dispatch_not_from_queueing() -> None:
     """Two in flight, 0.3 s each, 10 requests: the last waits ~1.2 s in the queue, longer than
     the 0.5 s timeout, and still succeeds (also behind an rpm bucket; infiniflow/ragflow

@@ -75,6 +75,7 @@ async def test_retry_after_pauses_the_endpoint_when_throttling_is_endpoint_wide(
     assert stub.stats.by_status[429] == 8  # the first wave, each retried once
 
 
+@pytest.mark.slow
 async def test_steady_retry_after_still_reaches_the_minimum_and_recovers() -> None:
     """For 2.5 s every answer is ``429 Retry-After: 0.4``; the limit must still walk down to its
     minimum (the cool-down is ours, not the server's hint), then recover once answers succeed
@@ -113,6 +114,7 @@ async def test_steady_retry_after_still_reaches_the_minimum_and_recovers() -> No
     assert after and max(after) >= 8  # and grew back afterwards
 
 
+@pytest.mark.slow
 async def test_429_with_retry_after_seconds_date_and_none() -> None:
     """20 conversations, all in flight at once; the first 3 calls of each get 429 with
     ``Retry-After: 1``, an HTTP date about a second ahead, or nothing (oumi PR #2516: retries

@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ import pytest
 from batchclient.testing import Fault, StubReply, StubServer, free_port
 from server_util import KEY_A, ready, sdk, spawn
 
-pytest.importorskip("inspect_ai", reason="inspect-ai is in the dev extra")
+# found, not imported: inspect_ai takes seconds to import, and the test runs it as a command
+pytestmark = pytest.mark.skipif(find_spec("inspect_ai") is None, reason="inspect-ai: dev extra")
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 LOG_ARGS = ("--log-dir", "logs", "--log-format", "json", "--display", "none")
@@ -43,6 +45,7 @@ def recipe_command() -> list[str]:
     return shlex.split(command, comments=True)
 
 
+@pytest.mark.slow
 def test_the_docs_inspect_batch_recipe_loses_only_the_refused_sample(tmp_path: Path) -> None:
     (tmp_path / "task.py").write_text(fenced("python", "# task.py"))
     (tmp_path / "batch.yaml").write_text(fenced("yaml", "# batch.yaml"))

@@ -53,6 +53,7 @@ pytestmark = pytest.mark.stub(
 )
 
 
+@pytest.mark.slow
 def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path) -> None:
     state, port = tmp_path / "state", free_port()
     url = f"http://127.0.0.1:{port}"
@@ -96,6 +97,7 @@ def test_a_batch_survives_sigkill_of_the_server(stub: StubServer, tmp_path: Path
     assert len(sent) == 150 and sum(n - 1 for n in sent.values()) <= WINDOW
 
 
+@pytest.mark.slow
 def test_sigterm_pauses_batches_and_exits_within_10_s(stub: StubServer, tmp_path: Path) -> None:
     ca = trustme.CA()
     pem, ca_pem = tmp_path / "server.pem", tmp_path / "ca.pem"

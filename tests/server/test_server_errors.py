@@ -150,6 +150,7 @@ def test_idempotency_compares_the_request_not_its_spelling(servers: Servers) -> 
     assert other.status_code == 422 and is_envelope(other)["code"] == "idempotency_key_reused"
 
 
+@pytest.mark.slow
 def test_creating_a_batch_while_its_input_is_deleted_is_404_or_409(servers: Servers) -> None:
     """Creation and deletion racing, many times over: either the batch is created (the delete
     is a 409 while it runs) and completes, or the file is gone first (the create is a 404);
@@ -232,6 +233,7 @@ def _can_mount() -> bool:
     return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_mount(), reason="needs `unshare -rm` to mount a tmpfs")
 def test_an_upload_on_a_full_or_read_only_disk_is_a_storage_status(
     stub: StubServer, tmp_path: Path

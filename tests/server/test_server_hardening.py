@@ -228,6 +228,7 @@ def test_multipart_bodies_are_bounded_whatever_the_framing(
 # ---------------------------------------------------------------- slow clients
 
 
+@pytest.mark.slow
 def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path) -> None:
     limits = uvicorn_options(header_timeout_s=0.5, keep_alive_s=0.5, max_connections=40)
     with serve(stub, tmp_path / "state", limits, api_keys=[KEY_A], body_timeout_s=0.5) as url:
@@ -292,6 +293,7 @@ def test_at_the_connection_cap_the_longest_idle_make_room(stub: StubServer, tmp_
             s.close()
 
 
+@pytest.mark.slow
 def test_serve_applies_its_limits_and_host_list(stub: StubServer, tmp_path: Path) -> None:
     port = free_port()
     limits = ["--header-timeout", "0.5", "--body-timeout", "0.5"]

@@ -48,6 +48,7 @@ pytestmark = pytest.mark.stub(
     faults=[
         Fault(StubReply(status=400, body=REFUSAL), match="FAIL"),
         Fault(StubReply(delay_s=30), match="SLOW"),
+        Fault(StubReply(delay_s=1), match="LATER"),
     ]
 )
 
@@ -73,8 +74,9 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
-def mixed_batch(client: Any, fast: int, slow: int = 0, failing: int = 0) -> Any:
+def mixed_batch(client: Any, fast: int, slow: int = 0, failing: int = 0, later: int = 0) -> Any:
     lines = [line(f"q{i}", f"question {i}") for i in range(fast)]
+    lines += [line(f"later{i}", f"LATER {i}") for i in range(later)]
     lines += [line(f"bad{i}", "FAIL please") for i in range(failing)]
     lines += [line(f"slow{i}", f"SLOW {i}") for i in range(slow)]
     upload = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
@@ -159,7 +161,8 @@ def test_a_running_batch_carries_progress_that_the_sdk_keeps(
 ) -> None:
     with served(stub.url, tmp_path, max_concurrency=8) as url:
         client = sdk(url, None)
-        batch = mixed_batch(client, fast=4, slow=12)
+        # the rate counts what finished after the first result: two answers a second later
+        batch = mixed_batch(client, fast=2, later=2, slow=12)
         wait_sync(lambda: finished(client.batches.retrieve(batch.id)) == 4, timeout=30)
         running = client.batches.retrieve(batch.id)
         assert running.status == "in_progress"
@@ -291,6 +294,7 @@ async def test_ready_answers_503_until_the_interrupted_batch_is_taken_back_up(
         await serving
 
 
+@pytest.mark.slow
 def test_serve_metrics_port_answers_without_a_key_on_loopback(
     stub: StubServer, tmp_path: Path
 ) -> None:
@@ -323,6 +327,7 @@ def _exchange(port: int, data: bytes) -> bytes:
         return out
 
 
+@pytest.mark.slow
 def test_serve_metrics_port_has_the_host_list_and_limits_of_the_main_port(
     stub: StubServer, tmp_path: Path
 ) -> None:
@@ -360,6 +365,7 @@ def test_serve_metrics_port_has_the_host_list_and_limits_of_the_main_port(
         assert proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_serve_stops_cleanly_when_its_metrics_port_is_taken(tmp_path: Path) -> None:
     import subprocess
     import sys

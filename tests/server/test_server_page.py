@@ -139,6 +139,7 @@ def test_a_sign_in_form_too_long_or_with_too_many_fields_is_a_400(tmp_path: Path
         assert signed.status_code == 303 and "batchclient_session" in browser.cookies
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 async def test_the_status_page_in_headless_chromium(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -207,6 +208,7 @@ _READ_PAGE = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 async def test_at_420px_wide_the_page_reads_well_and_a_cancelled_batch_shows_what_was_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -237,6 +237,7 @@ def test_a_redirect_is_a_failed_attempt_never_followed(
     assert attempts == 2 and len(receiver.events()) == 1
 
 
+@pytest.mark.slow
 def test_an_event_survives_sigkill_between_the_end_and_the_delivery(
     receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -315,6 +316,7 @@ def run_recipe(delivery: Delivery, secret: str, tmp_path: Path) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_the_docs_recipe_verifies_a_real_delivery_without_an_openai_key(
     receiver: Receiver, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "hi there"}]
 BODY: dict[str, Any] = {"model": "smollm2", "messages": MESSAGES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [(), ("--fast",)])
 def test_process_mode_answers_and_counts(mode: tuple[str, ...]) -> None:
     with StubProcess(*mode) as stub:
@@ -47,6 +48,7 @@ def test_process_mode_answers_and_counts(mode: tuple[str, ...]) -> None:
     assert stats["requests"] == 2 and stats["by_status"] == {"200": 1, "404": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [(), ("--fast",)])
 async def test_process_mode_capacity_answers_429_with_retry_after(mode: tuple[str, ...]) -> None:
     args = (*mode, "--latency", "0.3", "--capacity", "2", "--capacity-retry-after", "7")
@@ -67,6 +69,7 @@ async def test_process_mode_capacity_answers_429_with_retry_after(mode: tuple[st
     assert stats["by_status"] == {"200": 2, "429": 2}
 
 
+@pytest.mark.slow
 def test_process_mode_5xx_burst_over_a_time_window() -> None:
     with StubProcess("--burst", "503:0:0.5:1") as stub:
         status, _, headers = post(stub.url, BODY)
@@ -76,6 +79,7 @@ def test_process_mode_5xx_burst_over_a_time_window() -> None:
         assert status == 200
 
 
+@pytest.mark.slow
 async def test_killing_a_stub_process_resets_its_connections_mid_request() -> None:
     box = {}
     with StubProcess("--latency", "5") as stub:
