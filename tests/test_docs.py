@@ -349,6 +349,7 @@ def test_the_readme_first_example_runs_on_the_stub_its_command_starts() -> None:
     assert lines == ["echo: What is the capital of France?", "echo: Name a prime number."]
 
 
+@pytest.mark.heavy
 @pytest.mark.server
 def test_the_readme_first_example_runs_on_the_vllm_server_its_command_starts() -> None:
     argv = with_port(readme_server_command("vllm"), free_port())

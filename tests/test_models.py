@@ -217,6 +217,7 @@ def test_crashed_then_concurrent_converters_leave_one_complete_folder(tmp_path: 
     assert log.read_text().split() == ["start", "start", "end"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_crashed_then_concurrent_real_conversions_leave_one_complete_folder(
     tmp_path: Path,

@@ -101,6 +101,7 @@ def sigterm_and_check(proc: subprocess.Popen[bytes], seen: list[psutil.Process])
     return took
 
 
+@pytest.mark.heavy
 def test_bench_stops_its_server_on_sigterm(tmp_path: Path) -> None:
     """SIGTERM while the harness's vLLM server (its own session) is starting its engine."""
     proc = command(
@@ -125,6 +126,7 @@ def test_bench_stops_its_server_on_sigterm(tmp_path: Path) -> None:
     assert took < EXIT_S, took
 
 
+@pytest.mark.heavy
 def test_bench_stops_its_engine_run_on_sigterm(tmp_path: Path) -> None:
     """SIGTERM while an engine mode's run child (its own session) runs its engine."""
     proc = command(
@@ -149,6 +151,7 @@ def test_bench_stops_its_engine_run_on_sigterm(tmp_path: Path) -> None:
     assert took < EXIT_S, took
 
 
+@pytest.mark.heavy
 def test_serve_with_an_engine_stops_within_10_s_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     proc = command(

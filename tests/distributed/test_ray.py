@@ -231,6 +231,7 @@ async def test_ray_data_adapter_gives_every_row_an_answer_or_an_error(
     assert all(0 < r["completion_tokens"] <= 4 for r in ok)
 
 
+@pytest.mark.heavy
 def test_a_job_resumes_after_its_client_process_is_killed(
     ray_client: RayBatchInference, tmp_path: Path
 ) -> None:

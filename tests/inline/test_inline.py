@@ -46,6 +46,7 @@ def _is_resource_tracker(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.heavy
 async def test_starts_with_no_arguments_and_leaves_no_process_behind() -> None:
     """``VLLMBatchInference()`` must start on this machine with its defaults, answer, and on
     exit leave no engine process (Python's multiprocessing resource tracker, a per-interpreter

@@ -56,6 +56,7 @@ def run(tmp_path: Path, mode: str) -> list[str]:
     return lines
 
 
+@pytest.mark.heavy
 def test_an_engine_start_shows_no_vllm_info_lines_by_default(tmp_path: Path) -> None:
     lines = run(tmp_path, "quiet")
     assert [line for line in lines if INFO.search(line)] == []
@@ -63,6 +64,7 @@ def test_an_engine_start_shows_no_vllm_info_lines_by_default(tmp_path: Path) -> 
     assert len(lines) < 40  # about 66 before; what is left are warnings
 
 
+@pytest.mark.heavy
 def test_verbose_shows_everything_from_every_engine_process(tmp_path: Path) -> None:
     lines = run(tmp_path, "verbose")
     info = [line for line in lines if INFO.search(line)]

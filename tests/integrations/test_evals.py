@@ -164,6 +164,7 @@ def lm_eval_vllm(tasks: Path, out: Path) -> None:
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.engine
 async def test_inline_lm_equals_lm_evals_vllm_backend(
     float32_client: VLLMBatchInference, tmp_path: Path

@@ -37,6 +37,7 @@ def _server_group(port: int) -> int:
     return pgid
 
 
+@pytest.mark.heavy
 def test_serves_the_bundled_model_and_leaves_nothing_behind() -> None:
     port = free_port()
     started = time.monotonic()
