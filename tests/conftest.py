@@ -39,7 +39,7 @@ os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
 # user's own store is at.
 os.environ["BATCHCLIENT_STATE_DIR"] = tempfile.mkdtemp(prefix="batchclient-tests-")
 
-SLOW_IMPORTS = ("torch", "transformers", "vllm", "ray")
+SLOW_IMPORTS = ("torch", "transformers", "vllm", "ray", "inspect_ai")
 """Libraries that take seconds to import. Every pytest-xdist worker collects every module, so
 one imported at a module's top costs each worker those seconds in every run, even where the
 tests that need it are deselected: tests import them where they use them."""

@@ -266,16 +266,25 @@ def test_public_modules_import_alone_without_vllm(module: str) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_test_folders_mirror_the_package() -> None:
+    """Each folder of ``tests/`` (but the data in ``evals/``) is named after the subpackage of
+    ``batchclient`` whose code its tests prove (``core`` for ``_core``, ``routing`` for
+    ``_routing``)."""
+    tests = Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    packages = {p.name.lstrip("_") for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert folders - {"evals"} <= packages, sorted(folders - {"evals"} - packages)
+
+
 def test_collecting_the_tests_imports_no_slow_library(pytestconfig: pytest.Config) -> None:
-    """No test module imports torch, transformers, vLLM or Ray at its top: every pytest-xdist
-    worker collects every module, and pays each such import in every run."""
+    """No test module imports torch, transformers, vLLM, Ray or inspect_ai at its top: every
+    pytest-xdist worker collects every module, and pays each such import in every run."""
     from conftest import IMPORTED_AT_COLLECTION
 
     loaded = pytestconfig.stash[IMPORTED_AT_COLLECTION]
     assert loaded == [], f"import {', '.join(loaded)} inside the test or fixture that needs it"
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("torch")
 def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> None:
     """Under ``--dist loadgroup`` a grouped test's node id ends in its group, which is what
