@@ -128,8 +128,11 @@ async def test_a_quota_in_any_header_family_is_used_without_429s(style: str) -> 
     assert all(r.error is None for r in result.batch)
     windows = elapsed / period + 1
     allowed = 1 + (windows if style == "azure" else 1)
-    assert stub.stats.by_status[429] <= allowed, (stub.stats.by_status, elapsed)
-    assert elapsed < period * (50 / 20 + 2)  # the quota is used, not left idle
+    refused = stub.stats.by_status[429]
+    assert refused <= allowed, (stub.stats.by_status, elapsed)
+    # the quota is used, not left idle: at most a window lost to each refusal (a loaded machine
+    # that stalls this process sends a burst the server refuses, and a window passes)
+    assert elapsed < period * (50 / 20 + 2 + refused), (stub.stats.by_status, elapsed)
 
 
 # ---------------------------------------------------------------------------- the rules
