@@ -12,7 +12,8 @@ setup: $(STAMP)
 
 # Idempotent: re-runs only when pyproject.toml changes (or the stamp is removed).
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# a venv without pip was cut short while it was made: made again
+	test -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	# PyPI's torchvision/torchaudio/torchcodec are built for another torch and break
@@ -57,13 +58,13 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -n 4 --dist loadgroup -m "not server and not engine and not slow"
 
 # The test runs spread over pytest-xdist workers by group (--dist loadgroup, groups in
-# tests/conftest.py): make test runs the tests on the session's vLLM server in one worker, those
-# on its in-process engines in another and those on a local Ray cluster in a third, at the same
-# time, each starting what it uses once; modules whose set-up every worker would repeat (an SDK
-# import, torch) have a worker each; the rest go wherever a worker is free. They write bytecode whatever the shell says: the suite
+# tests/conftest.py): make test runs the tests on the session's vLLM server in one worker and
+# those on its in-process engines in another, at the same time, each starting what it uses once;
+# modules whose set-up every worker would repeat (an SDK import, torch) have a worker each; the
+# rest go wherever a worker is free. They write bytecode whatever the shell says: the suite
 # starts over a hundred Python processes (workers, batchclient commands, servers), and each would
 # compile the package and pytest's rewritten tests again.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 test test-fast test-heavy: export PYTHONDONTWRITEBYTECODE :=
 
 # The full benchmark: every mode on 256 ShareGPT conversations. Writes

@@ -53,14 +53,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[IMPORTED_AT_COLLECTION] = loaded
 
 
-SERVER_GROUP, ENGINE_GROUP, RAY_GROUP = "vllm-server", "vllm-engine", "vllm-ray"
+SERVER_GROUP, ENGINE_GROUP = "vllm-server", "vllm-engine"
 """The pytest-xdist groups of the ``server`` and ``engine`` tests. Under ``--dist loadgroup``
-(``make test``) each runs in one worker, the three at once, and each worker starts the
-session's servers and engines its tests use once: the engine group has the tests on the
-in-process engines (and those that also use the server: its worker starts one too), the Ray
-group those on a local Ray cluster (with the in-process engines they compare with), the server
-group the tests on the session's server and those that start their own. Such a test takes no
-other group."""
+(``make test``) each runs in one worker, the two at once, and each worker starts the session's
+servers and engines its tests use once: the engine group has the tests on the in-process
+engines and the Ray cluster (and those that also use the server: its worker starts one too),
+the server group the tests on the session's server and those that start their own. Such a test
+takes no other group."""
 _ENGINE_FIXTURES = frozenset(
     {"inline_client", "pooling_client", "float32_client", "ray_client", "pooling_url"}
 )
@@ -76,10 +75,6 @@ def _vllm_group(item: pytest.Item) -> str:
         or params.get("provider") == "inline"  # the provider fixture's engine half
         or (isinstance(cell, tuple) and cell[0] in _ENGINE_CELLS)
     )
-    if "ray_client" in getattr(item, "fixturenames", ()) or (
-        isinstance(cell, tuple) and cell[0] == "ray"
-    ):
-        return RAY_GROUP
     return ENGINE_GROUP if on_engines else SERVER_GROUP
 
 
@@ -109,7 +104,7 @@ def _name_the_groups(items: list[pytest.Item]) -> None:
                 for m in item.iter_markers("xdist_group")
             }
         )
-        for only in (SERVER_GROUP, ENGINE_GROUP, RAY_GROUP):
+        for only in (SERVER_GROUP, ENGINE_GROUP):
             if only in groups:
                 groups = [only]  # with the session's servers and engines, whatever else
         if groups:
