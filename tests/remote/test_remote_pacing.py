@@ -4,7 +4,9 @@ server announces in ``x-ratelimit-*`` headers paces dispatch before it runs out.
 
 from __future__ import annotations
 
+import bisect
 import math
+import statistics
 import time
 from typing import Any
 
@@ -129,12 +131,18 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     headers, and no rpm set by the user: the client holds before the quota runs out."""
     with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
         async with RemoteBatchInference(stub.url, retry=FAST) as client:
-            started = time.monotonic()
             result = await client.batch_chat_completion("smollm2", convos(240))
-            elapsed = time.monotonic() - started
     assert all(r.error is None for r in result.batch)
     assert stub.stats.by_status[429] <= 2, stub.stats.by_status
-    assert elapsed < 0.5 * 240 / 40 + 1.0  # 80 req/s used: close to the quota, not below it
+    # close to the quota (80 requests/s), not below it: the half second after the median
+    # request carries at least 30 (read at the server: a stall of this process cannot fail it)
+    arrivals = sorted(stub.stats.arrivals)
+    per_half_s = [
+        bisect.bisect_left(arrivals, t + 0.5) - i
+        for i, t in enumerate(arrivals)
+        if t + 0.5 <= arrivals[-1]
+    ]
+    assert statistics.median(per_half_s) >= 30, per_half_s
 
 
 async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
