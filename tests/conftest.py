@@ -10,6 +10,8 @@ starting one.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from batchclient import VLLMBatchInference
+from batchclient import RayBatchInference, VLLMBatchInference
 from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
@@ -78,13 +80,50 @@ def _vllm_group(item: pytest.Item) -> str:
     return ENGINE_GROUP if on_engines else SERVER_GROUP
 
 
+def _in_group(item: pytest.Item) -> str | None:
+    """The vLLM group of a ``server`` or ``engine`` test, else None."""
+    on_vllm = item.get_closest_marker("server") or item.get_closest_marker("engine")
+    return _vllm_group(item) if on_vllm else None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("server") or item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group(_vllm_group(item)))
+        group = _in_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # the Ray tests last: their replicas compute on every core, which the server's tests hold
+    # one of until they are done (a stable sort: every worker must collect the same order)
+    items.sort(key=lambda item: "ray_client" in getattr(item, "fixturenames", ()))
     if config.getoption("loadgroup", default=False):
         _name_the_groups(items)
+
+
+_placed = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist, with the engine group selected, every worker but the engine group's
+    stays off the core the in-process engines compute on (the last: see above). The engine
+    group is the longest run of the session, one test after another on one core: shared with
+    the other workers, it took twice as long as alone and held the session up by minutes.
+    A worker decides at its first test (the scheduler sends the largest group, the engine
+    group, first); its threads and children keep the placement."""
+    global _placed
+    if _placed:
+        return
+    _placed = True
+    if not os.environ.get("PYTEST_XDIST_WORKER") or len(_CORES) < 2 or sys.platform != "linux":
+        return
+    if _in_group(item) == ENGINE_GROUP:
+        return
+    if not any(_in_group(other) == ENGINE_GROUP for other in item.session.items):
+        return
+    others = set(_CORES[:-1])
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), others)
 
 
 def _name_the_groups(items: list[pytest.Item]) -> None:
@@ -168,6 +207,38 @@ async def pooling_client() -> AsyncIterator[VLLMBatchInference]:
         kv_cache_memory_bytes=256 << 20,
     ) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+async def ray_client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RayBatchInference]:
+    """``RayBatchInference`` on a local Ray cluster of three logical CPUs: two replicas of the
+    bundled model (``max_model_len`` 1024, a 256 MiB KV cache each, ``max_concurrency`` 64), each
+    bound to its own core, shared by the session (a cluster and its replicas take minutes to
+    start on 2 busy cores). The third CPU is for the replica a test starts of its own (a pooling
+    replica, or a ``batchclient run --provider ray`` process on this cluster). A test that kills
+    a replica leaves the other one serving."""
+    import ray
+
+    # the replicas claim their cores themselves, which a binding inherited by the local Ray
+    # would override; restored once they run, for the engines started after them
+    pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    ray.init(num_cpus=3, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        async with RayBatchInference(
+            replicas=2,
+            kv_cache_memory_bytes=256 << 20,
+            max_model_len=1024,
+            max_concurrency=64,
+            state_dir=tmp_path_factory.mktemp("ray"),
+        ) as client:
+            if pinned is not None:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
+                pinned = None
+            yield client
+    finally:
+        ray.shutdown()
+        if pinned is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
 
 
 def computes_in_float32() -> bool:

@@ -6,7 +6,8 @@ expectations come from one table, :data:`CAPABILITIES`.
   remote), ``anthropic-batch`` and ``gemini-batch`` (``AnthropicBatchInference`` and
   ``GeminiBatchInference`` over their Batch API stubs, through the real SDKs; chat only),
   ``inline`` (the session's generating vLLM engine), ``inline-pooling`` (the session's
-  embedding engine) and ``ray`` (``RayBatchInference``, one replica on a local Ray cluster).
+  embedding engine) and ``ray`` (the session's ``RayBatchInference``: two replicas on a local
+  Ray cluster).
 - **Call kinds**: chat (``batch_chat_completion``), completions (``batch_completion``), scoring
   (``batch_loglikelihood`` over token ids; ``batch_loglikelihood_rolling`` is refused with it)
   and embeddings (``batch_embeddings``).
@@ -33,9 +34,7 @@ the engine and Ray cells are marked ``engine``.
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -370,36 +369,6 @@ async def gemini_client(
             state_dir=tmp_path_factory.mktemp("gemini-batch"),
         ) as client:
             yield client
-
-
-@pytest.fixture(scope="module")
-async def ray_client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BatchClient]:
-    """One replica of the bundled model on a local Ray cluster of one CPU (as in
-    ``test_ray.py``, smaller)."""
-    import ray
-
-    from batchclient import RayBatchInference
-
-    # the replica claims its core itself, which a binding inherited by the local Ray would
-    # override; restored once the replica runs, for the engines started after this module
-    pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)
-    try:
-        async with RayBatchInference(
-            replicas=1,
-            kv_cache_memory_bytes=256 << 20,
-            max_model_len=1024,
-            max_concurrency=16,
-            state_dir=tmp_path_factory.mktemp("ray"),
-        ) as client:
-            if pinned is not None:
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
-                pinned = None
-            yield client
-    finally:
-        ray.shutdown()
-        if pinned is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
 
 
 _FIXTURE = {

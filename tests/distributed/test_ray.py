@@ -1,13 +1,13 @@
-"""``RayBatchInference`` on a real local Ray cluster: two replicas of the bundled model, each an
-engine with a small KV cache bound to its own core. Ordered results, per-item errors,
-cancellation, every endpoint the inline engine serves (completions, scoring, and embeddings on
-one pooling replica) with the inline engine's answers, the Ray Data adapter, a job resumed after
-its client process is killed, and a replica killed mid-batch (last: it leaves one replica).
-Start-up takes one to several minutes on 2 busy cores."""
+"""``RayBatchInference`` on a real local Ray cluster (the session's ``ray_client``, conftest):
+two replicas of the bundled model, each an engine with a small KV cache bound to its own core.
+Ordered results, per-item errors, cancellation, every endpoint the inline engine serves
+(completions, scoring, and embeddings on one pooling replica) with the inline engine's answers,
+the Ray Data adapter, a job resumed after its client process is killed, and a replica killed
+mid-batch (last: it leaves one replica). Start-up takes one to several minutes on 2 busy
+cores."""
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import signal
@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +37,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 MODEL = "smollm2"
 KV = 256 << 20
-
-
-@pytest.fixture(scope="module")
-async def ray_client() -> AsyncIterator[RayBatchInference]:
-    # the session pins its own engines (conftest); the replicas claim their cores themselves,
-    # which a VLLM_CPU_OMP_THREADS_BIND inherited by the local Ray would override
-    import ray
-
-    pinned = os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    # three logical CPUs: the two replicas hold one each, and the resume test's own client
-    # process starts a third replica on this cluster (it binds every core: both slots are taken)
-    ray.init(num_cpus=3, include_dashboard=False, logging_level=logging.WARNING)
-    try:
-        async with RayBatchInference(
-            replicas=2, kv_cache_memory_bytes=KV, max_model_len=1024, max_concurrency=64
-        ) as client:
-            yield client
-    finally:
-        ray.shutdown()
-        if pinned is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinned
 
 
 def conversations(n: int) -> list[list[dict[str, str]]]:
