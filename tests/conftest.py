@@ -80,6 +80,13 @@ def _vllm_group(item: pytest.Item) -> str:
     return ENGINE_GROUP if on_engines else SERVER_GROUP
 
 
+def _on_ray(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("cell") if callspec is not None else None
+    on_cell = isinstance(cell, tuple) and cell[0] == "ray"  # test_capabilities' Ray cells
+    return "ray_client" in getattr(item, "fixturenames", ()) or on_cell
+
+
 def _in_group(item: pytest.Item) -> str | None:
     """The vLLM group of a ``server`` or ``engine`` test, else None."""
     on_vllm = item.get_closest_marker("server") or item.get_closest_marker("engine")
@@ -94,36 +101,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     # the Ray tests last: their replicas compute on every core, which the server's tests hold
     # one of until they are done (a stable sort: every worker must collect the same order)
-    items.sort(key=lambda item: "ray_client" in getattr(item, "fixturenames", ()))
+    items.sort(key=_on_ray)
     if config.getoption("loadgroup", default=False):
         _name_the_groups(items)
 
 
+QUICK_NICENESS = 5
+"""The nice value of the workers that run no vLLM group while the engine group runs: weight 335
+against the engines' 1024 (Linux CFS), so the in-process engines get their core first; the
+quick tests still run wherever a core has time."""
 _placed = False
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under pytest-xdist, with the engine group selected, every worker but the engine group's
-    stays off the core the in-process engines compute on (the last: see above). The engine
-    group is the longest run of the session, one test after another on one core: shared with
-    the other workers, it took twice as long as alone and held the session up by minutes.
-    A worker decides at its first test (the scheduler sends the largest group, the engine
-    group, first); its threads and children keep the placement."""
+    """Under pytest-xdist, with the engine group selected, a worker whose first test is in
+    neither vLLM group gives way (:data:`QUICK_NICENESS`). The engine group is the longest run
+    of the session, one test after another on one core (the engines' core: see above): shared
+    evenly with the other workers, it took twice as long as alone and held the session up by
+    minutes. The scheduler sends the largest groups first; a worker's threads and children
+    keep the value it took."""
     global _placed
     if _placed:
         return
     _placed = True
-    if not os.environ.get("PYTEST_XDIST_WORKER") or len(_CORES) < 2 or sys.platform != "linux":
+    if not os.environ.get("PYTEST_XDIST_WORKER") or sys.platform != "linux":
         return
-    if _in_group(item) == ENGINE_GROUP:
+    if _in_group(item) is not None:
         return
     if not any(_in_group(other) == ENGINE_GROUP for other in item.session.items):
         return
-    others = set(_CORES[:-1])
-    for tid in os.listdir("/proc/self/task"):
+    for tid in os.listdir("/proc/self/task"):  # Linux keeps a nice value per thread
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(tid), others)
+            os.setpriority(os.PRIO_PROCESS, int(tid), QUICK_NICENESS)
 
 
 def _name_the_groups(items: list[pytest.Item]) -> None:
