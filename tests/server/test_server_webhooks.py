@@ -46,12 +46,14 @@ class Delivery:
 class Receiver:
     """A loopback webhook receiver. ``script``: what each next POST gets (``"fail"``: a 500,
     ``"hang"``: no answer until :attr:`release` is set, ``"redirect"``: a 307 to
-    ``/elsewhere`` on this receiver); then 200."""
+    ``/elsewhere`` on this receiver, ``"flood"``: a 200 with an endless chunked body,
+    ``"garbage"``: an answer that is not HTTP); then 200."""
 
     script: list[str] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     url: str = ""
+    flooded: int = 0  # bytes of "flood" answers sent before the client hung up
 
     def events(self) -> dict[str, Any]:
         """The verified events by ``webhook-id`` (the receiver's deduplication)."""
@@ -76,12 +78,32 @@ def receiver() -> Iterator[Receiver]:
             action = state.script.pop(0) if state.script else "ok"
             if action == "hang":
                 state.release.wait(30)
+            if action == "garbage":
+                self.wfile.write(b"garbage\r\n\r\n")
+                self.close_connection = True
+                return
+            if action == "flood":
+                self.flood()
+                return
             status = {"fail": 500, "redirect": 307}.get(action, 200)
             self.send_response(status)
             if status == 307:
                 self.send_header("location", "/elsewhere")
             self.send_header("content-length", "0")
             self.end_headers()
+
+        def flood(self) -> None:
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            chunk = b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20))
+            self.close_connection = True
+            try:
+                while state.flooded < 8 << 30 and not state.release.is_set():
+                    self.wfile.write(chunk)
+                    state.flooded += 1 << 20
+            except OSError:  # the client closed the connection
+                pass
 
         def log_message(self, *args: object) -> None:
             pass
@@ -118,6 +140,11 @@ def test_signature_is_the_standard_webhooks_recipe() -> None:
     [
         ("ftp://127.0.0.1/x", SECRET, "http:// or https://"),
         ("http:///nohost", SECRET, "with a host"),
+        ("http://h:99999/x", SECRET, "not a valid URL .Port out of range"),
+        ("http://h:abc/x", SECRET, "not a valid URL"),
+        ("http://[::1/x", SECRET, "not a valid URL .Invalid IPv6 URL"),
+        ("http://h/a b", SECRET, "spaces or control characters"),
+        ("http://h/a\nb", SECRET, "spaces or control characters"),
         ("http://127.0.0.1/x", "plain-secret-0123456789abcdef", "start with 'whsec_'"),
         ("http://127.0.0.1/x", "whsec_not*base64!", "must be base64"),
         ("http://127.0.0.1/x", "whsec_" + base64.b64encode(b"short").decode(), "24 to 64"),
@@ -136,7 +163,7 @@ def test_webhook_url_and_secret_are_checked(url: str, secret: str | None, messag
     assert SECRET[6:] not in repr(Webhook.parse("http://h/x", SECRET))
 
 
-def test_serve_refuses_a_bad_webhook_secret(
+def test_serve_refuses_a_bad_webhook_secret_or_url(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BATCHCLIENT_WEBHOOK_SECRET", "whsec_!!")
@@ -144,6 +171,10 @@ def test_serve_refuses_a_bad_webhook_secret(
     assert main([*args, "--webhook-url", "http://127.0.0.1:9/x"]) == 2
     err = capsys.readouterr().err
     assert "must be base64" in err and "whsec_!!" not in err
+    monkeypatch.setenv("BATCHCLIENT_WEBHOOK_SECRET", SECRET)
+    assert main([*args, "--webhook-url", "http://h:99999/s3cr3t"]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert "Port out of range" in err and "Traceback" not in err and "s3cr3t" not in err
 
 
 def test_each_ending_posts_one_signed_event_retried_with_the_same_id(
@@ -235,6 +266,77 @@ def test_a_redirect_is_a_failed_attempt_never_followed(
             (attempts,) = conn.execute("SELECT attempts FROM webhook_events").fetchone()
     assert [d.path for d in receiver.deliveries] == ["/hooks", "/hooks"]
     assert attempts == 2 and len(receiver.events()) == 1
+
+
+def test_an_endless_answer_is_read_no_further_than_the_cap(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 200 whose body never ends is a delivery: the deliverer reads the first 64 KiB and
+    hangs up, instead of reading (and holding) gigabytes until its timeout."""
+    monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
+    receiver.script = ["flood"]
+    state = tmp_path / "state"
+    with (
+        StubServer() as stub,
+        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
+    ):
+        client = sdk(url, None)
+        upload = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert wait_batch(client, batch.id).status == "completed"
+        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+            wait_sync(
+                lambda: conn.execute("SELECT delivered_at FROM webhook_events").fetchone()[0],
+                timeout=20,
+            )
+            row = conn.execute("SELECT attempts, last_error FROM webhook_events").fetchone()
+    assert row == (1, None) and len(receiver.deliveries) == 1
+    # what the receiver could write before the hang-up: the cap plus the sockets' buffers
+    assert receiver.flooded < 64 << 20, receiver.flooded
+
+
+def test_an_error_that_quotes_the_url_is_logged_and_stored_without_its_token(
+    receiver: Receiver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp's error for an answer that is not HTTP quotes the whole URL, query and all."""
+    monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
+    monkeypatch.setattr(_webhooks, "BASE_DELAY_S", 0.05)
+    receiver.script = ["garbage", "hang"]  # the second attempt waits while the test looks
+    state = tmp_path / "state"
+    with (
+        caplog.at_level("WARNING", logger="batchclient.server.webhooks"),
+        StubServer() as stub,
+        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
+    ):
+        client = sdk(url, None)
+        upload = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert wait_batch(client, batch.id).status == "completed"
+        wait_sync(lambda: len(receiver.deliveries) == 2, timeout=20)
+        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+            (stored,) = conn.execute("SELECT last_error FROM webhook_events").fetchone()
+        receiver.release.set()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert stored.startswith("ClientResponseError") and "/…" in stored, stored
+    assert "ClientResponseError" in logged
+    for text in (stored, logged):
+        assert "token=abc" not in text and "/hooks" not in text, text
+
+
+def test_redaction_cuts_the_path_and_query_wherever_they_appear() -> None:
+    hook = Webhook.parse("https://h.example:8443/services/T0/s3cr3t?sig=x", SECRET)
+    quoted = "400, message='Bad status line', url='https://h.example:8443/services/T0/s3cr3t?sig=x'"
+    assert hook.redact(quoted) == "400, message='Bad status line', url='https://h.example:8443/…'"
+    assert "s3cr3t" not in hook.redact("POST /services/T0/s3cr3t?sig=x failed")
+    assert "sig=x" not in hook.redact("query sig=x")
+    assert Webhook.parse("http://h/", SECRET).redact("GET / ok") == "GET / ok"
 
 
 @pytest.mark.slow

@@ -24,7 +24,10 @@ attempt from the secret the server was given.
 Delivery: a 2xx answer within :attr:`Deliverer.timeout_s` is success; anything else (a 3xx too:
 redirects are never followed) is retried
 with exponential backoff (1 s, 2 s, 4 s, ... up to an hour, with jitter) for up to 72 hours
-after the event, then abandoned (logged, kept in the outbox with ``abandoned_at``).
+after the event, then abandoned (logged, kept in the outbox with ``abandoned_at``). Only the
+first :data:`ANSWER_CAP_BYTES` of an answer are read (a longer or endless one closes the
+connection: the status decides), and an error's text is logged and stored with the URL's path
+and query cut out (aiohttp quotes the URL in some errors; the path or query may hold a token).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ from ..jobs._store import Store
 from ..types import BatchStatus
 
 logger = logging.getLogger("batchclient.server.webhooks")
+
+ANSWER_CAP_BYTES = 64 * 1024
+"""How much of a receiver's answer is read. The status alone decides; the body is read so the
+connection can be used again, and a receiver that answers more (500 MB, or an endless chunked
+body) only loses its connection."""
 
 SECRET_PREFIX = "whsec_"
 MIN_SECRET_BYTES = 24
@@ -115,8 +123,16 @@ class Webhook:
     def parse(cls, url: str, secret: str) -> Webhook:
         """Check ``url`` (http or https, with a host) and ``secret`` (``whsec_`` then the
         base64 of 24 to 64 bytes); raise ``ConfigurationError`` otherwise. The error never
-        quotes the secret."""
-        parts = urlsplit(url)
+        quotes the secret, nor the URL's path or query."""
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # raises on a port out of range or not a number
+        except ValueError as exc:
+            raise ConfigurationError(f"the webhook URL is not a valid URL ({exc})") from None
+        if any(c.isspace() or not c.isprintable() for c in url):
+            raise ConfigurationError(
+                "the webhook URL must not hold spaces or control characters (percent-encode them)"
+            )
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigurationError(
                 "the webhook URL must be an absolute http:// or https:// URL with a host"
@@ -138,6 +154,17 @@ class Webhook:
                 f"bytes, not {len(key)}"
             )
         return cls(url, key)
+
+    def redact(self, text: str) -> str:
+        """``text`` with this URL shown as :attr:`shown`, and its path and query cut out
+        wherever they appear alone."""
+        parts = urlsplit(self.url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        text = text.replace(self.url, self.shown)
+        for secret in (target, parts.query):
+            if secret.strip("/"):
+                text = text.replace(secret, "/…")
+        return text
 
     @property
     def shown(self) -> str:
@@ -271,11 +298,11 @@ class Deliverer:
             async with session.post(
                 self.webhook.url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                await response.read()
+                await _drain(response, ANSWER_CAP_BYTES)
                 if not 200 <= response.status < 300:
                     error = f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+            error = self.webhook.redact(type(exc).__name__ + (f": {exc}" if str(exc) else ""))
         if error is None:
             await anyio.to_thread.run_sync(outbox.delivered, event.id)
             logger.info("webhook %s %s delivered to %s", event.type, event.id, self.webhook.shown)
@@ -299,6 +326,17 @@ class Deliverer:
         """Seconds to wait after the ``attempts``-th failed attempt."""
         capped = min(self.max_delay_s, self.base_delay_s * 2.0 ** min(attempts - 1, 40))
         return capped * random.uniform(0.5, 1.0)
+
+
+async def _drain(response: aiohttp.ClientResponse, cap: int) -> None:
+    """Read ``response``'s body to its end if it has at most ``cap`` bytes; past that, close
+    the connection (the rest is never read)."""
+    seen = 0
+    while chunk := await response.content.readany():
+        seen += len(chunk)
+        if seen > cap:
+            response.close()
+            return
 
 
 @asynccontextmanager
