@@ -18,10 +18,17 @@ import pytest
 from fastapi.responses import JSONResponse
 
 from batchclient import BatchChatCompletionResponse, ConfigurationError, RemoteBatchInference
-from batchclient.errors import FileNotFoundInStoreError
+from batchclient._core.request import error_type
+from batchclient.errors import ErrorCode, FileNotFoundInStoreError
 from batchclient.jobs._store import Store
 from batchclient.remote import RemoteProvider
-from batchclient.server import _routes_original, create_app, http_protocol, tenant_id
+from batchclient.server import (
+    _routes_inference,
+    _routes_original,
+    create_app,
+    http_protocol,
+    tenant_id,
+)
 from batchclient.testing import AppServer, Fault, StubReply, StubServer, free_port
 from batchclient.types import FileObject
 from jobs_util import jsonl, line, wait_sync
@@ -334,3 +341,25 @@ def test_a_request_cut_by_the_shutdown_grace_gets_the_envelope(
         server.__exit__(None, None, None)
     assert got.status_code == 503, got.text
     assert is_envelope(got)["code"] == "server_shutting_down"
+
+
+# ---------------------------------------------------------------------------- upstream failures
+
+
+def test_every_5xx_for_a_request_without_an_answer_is_a_server_error() -> None:
+    """The envelope's ``type`` says whose fault it was: a 5xx is never the caller's
+    (``invalid_request_error`` told callers to change a request that had nothing wrong)."""
+    for code, status in _routes_inference._NO_ANSWER_STATUS.items():
+        if status >= 500:
+            assert error_type(ErrorCode(code)) == "server_error", code
+
+
+def test_an_upstream_that_cannot_be_reached_is_a_502_server_error(tmp_path: Path) -> None:
+    app = create_app(RemoteProvider(f"http://127.0.0.1:{free_port()}/v1"), state_dir=tmp_path)
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+    with AppServer(app) as url:
+        got = http(url, None).post("/v1/chat/completions", json=body)
+    assert got.status_code in (502, 503), got.text
+    error = is_envelope(got)
+    assert error["type"] == "server_error", error
+    assert error["code"] in ("connection_error", "endpoint_unavailable"), error

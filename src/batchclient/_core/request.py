@@ -129,6 +129,14 @@ _ERROR_TYPES = {
     ErrorCode.not_found: "not_found_error",
     ErrorCode.engine_error: "server_error",
     ErrorCode.internal_error: "server_error",
+    # no usable answer from upstream: the server's side failed, not the request
+    ErrorCode.bad_upstream_response: "server_error",
+    ErrorCode.response_too_large: "server_error",
+    ErrorCode.timeout: "server_error",
+    ErrorCode.connection_error: "server_error",
+    ErrorCode.endpoint_unavailable: "server_error",
+    ErrorCode.output_write_failed: "server_error",
+    ErrorCode.storage_error: "server_error",
 }
 
 
