@@ -84,6 +84,39 @@ async def test_job_end_to_end_output_in_openai_format(tmp_path: Path) -> None:
     assert stub.stats.requests == 60
 
 
+def _usage_reply(number: str) -> StubReply:
+    """A well-formed ChatCompletion whose usage counts are the JSON literal ``number``."""
+    raw = (
+        '{"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "smollm2",'
+        ' "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"},'
+        ' "finish_reason": "stop"}],'
+        f' "usage": {{"prompt_tokens": {number}, "completion_tokens": {number},'
+        ' "total_tokens": 2}}'
+    )
+    return StubReply(raw=raw.encode())
+
+
+async def test_token_counts_no_integer_column_holds_count_nothing_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """Usage numbers that SQLite cannot store (2**70; 1e400, read as infinity; NaN) or that are
+    no token count (negative, a string) count 0 tokens: every answer is kept, the batch
+    completes, and its stored rows read back."""
+    numbers = {"huge": str(2**70), "inf": "1e400", "nan": "NaN", "neg": "-5", "text": '"7"'}
+    faults = [Fault(_usage_reply(n), match=f"{k} please") for k, n in numbers.items()]
+    lines = [line(k, f"{k} please") for k in numbers] + [line("plain", "plain")]
+    with StubServer(faults=faults) as stub:
+        async with client(stub, tmp_path) as c:
+            job = await run_file(c, lines)
+            out = await lines_of(c, job.output_file_id)
+            result = await c.job_result(job.id)
+    assert job.status == "completed", job.errors
+    assert job.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
+    assert [r["custom_id"] for r in out] == [*numbers, "plain"]
+    assert all(r.text == "fine" for r in result.batch[:5]) and result.batch[5].text
+    assert job.usage.input_tokens == result.batch[5].metric("prompt_tokens")
+
+
 async def test_files_api(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl([line("a", "x")]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -141,8 +142,19 @@ def with_line(job_id: str, row: ResultRow) -> ResultRow:
     return row
 
 
+MAX_TOKEN_COUNT = 2**32
+"""The largest usage count credited to one request. An upstream's 2**70 (which no SQLite
+INTEGER holds: the batch failed at every resume), infinity (JSON's 1e400), NaN, a negative
+count or a string counts 0, and the answer itself is kept."""
+
+
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) else 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    count = int(value)
+    return count if 0 <= count <= MAX_TOKEN_COUNT else 0
 
 
 def response_for(row: ResultRow, endpoint: Endpoint = Endpoint.chat_completions) -> ItemResponse:
