@@ -51,6 +51,26 @@ def test_duplicate_custom_id_names_the_line() -> None:
     assert "line 1" in report.errors[0].message
 
 
+def test_lines_no_request_can_carry_are_refused_by_line_not_as_a_crash() -> None:
+    """A lone surrogate escape (valid JSON syntax, no character: it cannot be encoded to send)
+    and an integer outside 64 bits (no API takes one; the JSON encoder refuses it) failed the
+    whole batch with ``internal_error``, or the item with one. A surrogate pair is fine."""
+    lone = line("b", "x\ud800y")  # json.dumps writes the escape
+    assert "\\ud800y" in lone
+    report = validate(
+        "\n".join([line("a"), lone, line("c", max_tokens=2**64), line("d", seed=-(2**63) - 1)])
+    )
+    assert codes(report) == [
+        ("invalid_json_line", 2, None),
+        ("invalid_request", 3, None),
+        ("invalid_request", 4, None),
+    ]
+    assert "lone surrogate" in report.errors[0].message
+    assert str(2**64) in report.errors[1].message
+    pair = line("f", "\U0001f642")  # written as the escapes \ud83d\ude42
+    assert validate("\n".join([line("e", seed=2**63 - 1), pair])).ok
+
+
 def test_blank_and_whitespace_lines_are_skipped_but_keep_physical_numbers() -> None:
     text = line("a") + "\n\n   \t \n" + line("b") + "\n\n"
     report = validate(text)

@@ -145,18 +145,46 @@ def sniff_wide_encoding(head: bytes) -> tuple[str, str] | None:
 
 def parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """Decode and parse one non-blank line: ``(object, None)`` or ``(None, problem)``. Never
-    raises (deep nesting, bad UTF-8 and non-objects become problems)."""
+    raises (deep nesting, bad UTF-8, non-objects, a lone surrogate escape and an integer
+    outside 64 bits become problems)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, "encoding:" + describe_encoding(raw, exc)
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_int64)
+    except _OutOfRange as exc:
+        return None, f"request:line holds the integer {exc}, outside the 64-bit range of any API"
     except (ValueError, RecursionError) as exc:
         return None, f"json:line is not valid JSON: {str(exc)[:200]}"
     if not isinstance(value, dict):
         return None, f"json:line is JSON but not an object (got {type(value).__name__})"
+    if "\\u" in text and _lone_surrogate(value):  # only an escape can write one
+        return None, (
+            "json:line holds a lone surrogate escape (\\ud800-\\udfff without its pair), which "
+            "is no character and cannot be sent (RFC 8259, section 8.2)"
+        )
     return value, None
+
+
+class _OutOfRange(Exception):
+    pass
+
+
+def _int64(literal: str) -> int:
+    value = int(literal)
+    if not -(2**63) <= value < 2**63:
+        shown = literal if len(literal) <= 40 else f"{literal[:40]}... ({len(literal)} digits)"
+        raise _OutOfRange(shown)
+    return value
+
+
+def _lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def check_request(obj: dict[str, Any], endpoint: str) -> tuple[ErrorCode, str, str] | None:
@@ -336,6 +364,8 @@ def validate_batch_file(
                 code = ErrorCode.invalid_json_line
                 if kind == "encoding":
                     code = ErrorCode.invalid_encoding
+                elif kind == "request":
+                    code = ErrorCode.invalid_request
                 report.add(code, message, number, None)
                 continue
             bad = check_request(obj, endpoint)
