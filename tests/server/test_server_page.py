@@ -87,6 +87,26 @@ def test_without_keys_the_page_shows_the_batches_escaped_and_needs_no_sign_in(
     assert "2 / 1 / 3" in html
 
 
+def test_the_page_names_no_path_of_the_server(tmp_path: Path) -> None:
+    """Error messages on the page are redacted as the API's are: the state directory is
+    ``<state>``, any other absolute path ``<path>``."""
+    state = tmp_path / "state"
+    said = f"cannot write {state}/files/out.jsonl (see /etc/batchclient.conf)"
+    refusal = {"error": {"message": said, "type": "invalid_request_error"}}
+    stub = StubServer(faults=[Fault(StubReply(status=400, body=refusal), match="refuse me")])
+    with stub, AppServer(_app(stub, state, [])) as url:
+        client = sdk(url, None)
+        lines = [line("ok", "hello"), line("refused", "refuse me")]
+        file = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert wait_batch(client, batch.id).request_counts.failed == 1
+        html = httpx.get(f"{url}/").text
+    assert "cannot write &lt;state&gt;/files/out.jsonl (see &lt;path&gt;)" in html, html
+    assert str(tmp_path) not in html and "/etc/" not in html
+
+
 def test_with_keys_the_page_signs_in_with_a_session_cookie_that_opens_only_the_page(
     tmp_path: Path,
 ) -> None:

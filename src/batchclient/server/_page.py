@@ -20,6 +20,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from anyio import to_thread
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import ErrorCode
 from ..jobs import JobManager
 from ..types import Batch
-from ._errors import error_response
+from ._errors import error_response, redact_paths
 from ._middleware import ROUTE_SCOPE_KEY
 from ._page_render import Capacity, LineError, sign_in_page, status_page
 from ._tenants import Tenant, Tenants
@@ -169,6 +170,13 @@ class StatusPage:
         client = tenant.client
         batches = await client.batches.list(limit=PAGE_BATCHES)
         failures = await self._failures(client._manager(), batches)
+        # as the API shows them: the error messages name no path of the server's
+        roots = [self.tenants.state_dir, *(t.client.state_dir for t in self.tenants.tenants)]
+        batches = [_without_paths(b, roots) for b in batches]
+        failures = {
+            i: ([_line_without_paths(e, roots) for e in errors], unrun)
+            for i, (errors, unrun) in failures.items()
+        }
         gate = self.tenants.gate
         capacity = Capacity(
             in_flight=gate.held(tenant.id),
@@ -216,6 +224,23 @@ class StatusPage:
             while len(self._ended) > MAX_SESSIONS:
                 self._ended.popitem(last=False)
         return {b.id: found.get(b.id) or self._ended[_seen_as(b)] for b in failing}
+
+
+def _without_paths(batch: Batch, roots: list[Path]) -> Batch:
+    if not batch.errors or not batch.errors.data:
+        return batch
+    data = [
+        e.model_copy(update={"message": redact_paths(e.message, roots)}) if e.message else e
+        for e in batch.errors.data
+    ]
+    return batch.model_copy(update={"errors": batch.errors.model_copy(update={"data": data})})
+
+
+def _line_without_paths(line: LineError, roots: list[Path]) -> LineError:
+    if line.error is None:
+        return line
+    message = redact_paths(line.error.message, roots)
+    return LineError(line.custom_id, line.error.model_copy(update={"message": message}))
 
 
 def _seen_as(batch: Batch) -> tuple[str, str, int, int]:
