@@ -274,6 +274,25 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
             assert closed_within(s, 3) < 3
 
 
+@pytest.mark.slow
+def test_a_body_that_stops_is_cut_off_one_timeout_after_its_last_bytes(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    """2 KiB at once, then nothing: the interval's 1 KiB was there, but the client has been
+    silent for the whole timeout (it was answered one interval later: 4 s here)."""
+    with serve(stub, tmp_path / "state", body_timeout_s=2.0) as url:
+        port = int(url.rsplit(":", 1)[1])
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
+        )
+        started = time.monotonic()
+        answer = raw(port, head + b'{"model": "' + b"m" * 2048, wait=10)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 1.9 < waited < 3.5, waited
+
+
 def test_at_the_connection_cap_the_longest_idle_make_room(stub: StubServer, tmp_path: Path) -> None:
     limits = uvicorn_options(header_timeout_s=5.0, max_connections=5)
     with serve(stub, tmp_path / "state", limits) as url:

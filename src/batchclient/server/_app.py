@@ -85,7 +85,8 @@ def create_app(
         cors_origins: web origins (``"https://app.example.com"``) whose pages may call this
             server from a browser: CORS headers for them, none for others (the default).
         body_timeout_s: a request body must bring at least 1 KiB in every ``body_timeout_s``
-            seconds of waiting for it, else 408. None: no limit.
+            seconds of waiting for it, and its client may not be silent that long, else 408.
+            None: no limit.
         webhook_url: POST a signed ``batch.completed`` / ``batch.failed`` / ``batch.expired``
             / ``batch.cancelled`` event (OpenAI's shape, Standard Webhooks signature) here
             whenever a batch of any tenant ends; retried from a durable outbox, at least once.

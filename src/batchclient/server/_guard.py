@@ -14,8 +14,9 @@ one ASGI middleware (:class:`Guard`, just inside the access log):
 - **Relative redirects.** A ``Location`` pointing at this request's own ``Host`` is sent as a
   path only, so the trailing-slash redirect never repeats a ``Host`` it was given.
 - **Slow bodies.** While a request body is being read, each interval of ``body_timeout_s``
-  seconds spent waiting for the client must bring at least :data:`MIN_BODY_BYTES` bytes;
-  otherwise the request is answered 408 (``Connection: close``). Time the application spends
+  seconds spent waiting for the client must bring at least :data:`MIN_BODY_BYTES` bytes, and
+  the client may not be silent for ``body_timeout_s``; otherwise the request is answered 408
+  (``Connection: close``). Time the application spends
   between reads does not count, so a slow disk never blames the client.
 
 CORS headers are sent only for ``cors_origins`` (Starlette's ``CORSMiddleware``, added by
@@ -88,13 +89,18 @@ class _TimedBody:
     async def __call__(self) -> Message:
         if self.done:
             return await self.receive()
+        silent_since = time.monotonic()
         while True:
             started = time.monotonic()
+            window_left = self.timeout - self.waited
+            silence_left = self.timeout - (started - silent_since)
             try:
-                with anyio.fail_after(max(self.timeout - self.waited, 0.0)):
+                with anyio.fail_after(max(min(window_left, silence_left), 0.0)):
                     message = await self.receive()
             except TimeoutError:
-                if self.window_bytes < MIN_BODY_BYTES:
+                # a client silent for a whole interval is cut off then, not an interval later
+                silent = time.monotonic() - silent_since >= self.timeout
+                if self.window_bytes < MIN_BODY_BYTES or silent:
                     raise SlowBody(self.timeout) from None
                 self.waited, self.window_bytes = 0.0, 0
                 continue
