@@ -108,8 +108,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_BODY_TIMEOUT,
         metavar="S",
-        help=f"a request body must bring 1 KiB in every S seconds of waiting, else 408 "
-        f"(default {DEFAULT_BODY_TIMEOUT:g})",
+        help=f"a request body must bring 1 KiB in every S seconds of waiting, with no silence "
+        f"of S seconds, else 408 (default {DEFAULT_BODY_TIMEOUT:g})",
     )
     p.add_argument(
         "--keep-alive-timeout",
