@@ -342,6 +342,28 @@ def test_serve_applies_its_limits_and_host_list(stub: StubServer, tmp_path: Path
         proc.wait(30)
 
 
+def test_a_request_with_two_framings_is_refused_and_its_connection_closed(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    """``Transfer-Encoding`` with ``Content-Length``: a proxy in front may frame the body by
+    the length and this server by the chunks, so a request hidden in the body would reach the
+    app unseen by the proxy (request smuggling)."""
+    limits = uvicorn_options()
+    limits["http"] = http_protocol(limits["http"])
+    hidden = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    smuggler = (
+        b"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % (5 + len(hidden))
+    )
+    with serve(stub, tmp_path / "state", limits) as url:
+        port = int(url.rsplit(":", 1)[1])
+        answer = raw(port, smuggler + hidden)
+        fine = raw(port, hidden.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert answer.startswith(b"HTTP/1.1 400") and b"invalid_http_request" in answer, answer
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # the hidden request was never answered
+    assert fine.startswith(b"HTTP/1.1 200"), fine[:200]
+
+
 def test_a_request_head_over_16_kib_is_refused_even_in_one_piece(
     stub: StubServer, tmp_path: Path
 ) -> None:

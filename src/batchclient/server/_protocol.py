@@ -15,6 +15,10 @@ rather than preventing one. The protocol here adds:
   ``h11_max_incomplete_event_size`` (:data:`MAX_HEAD_BYTES`) is refused like one that arrived
   piecemeal (uvicorn's 400, ``invalid_http_request`` in the envelope under
   :func:`~batchclient.server.http_protocol`; the connection is closed), never handed to the app;
+- **one framing per request**: a request with both ``Transfer-Encoding`` and
+  ``Content-Length`` is refused like a malformed head and its connection closed (RFC 9112,
+  section 6.3; h11 takes the chunked framing and keeps the connection, so a second request
+  hidden in the body would be answered);
 - a **connection cap**: when a connection arrives while ``max_connections`` are open, the one
   that has waited longest without a request in progress (idle, or still sending its head) is
   closed to make room; when every one has a request in progress, the new one is closed. A
@@ -59,8 +63,16 @@ class _HeadLimited(h11.Connection):
 
     def next_event(self) -> Any:
         event = super().next_event()
-        if isinstance(event, h11.Request) and _head_bytes(event) > self.max_head_bytes:
-            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        if isinstance(event, h11.Request):
+            if _head_bytes(event) > self.max_head_bytes:
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            names = {name for name, _ in event.headers}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                # RFC 9112, section 6.3: a server may refuse it, and must close the connection
+                # (the two framings disagree on where the next request starts: smuggling)
+                raise h11.RemoteProtocolError(
+                    "Transfer-Encoding and Content-Length together", error_status_hint=400
+                )
         return event
 
 
