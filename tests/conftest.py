@@ -10,7 +10,6 @@ starting one.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -29,8 +28,14 @@ from providers import Provider, inline_provider, remote_provider
 # oversubscribe the cores; on vLLM's "auto" binding they all share the same one. So on a CPU
 # build the server computes on the first core and this process's engines on the last one.
 _CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-SERVER_BINDING = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or str(_CORES[0])
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CORES[-1]))
+# the binding the user gave, kept aside before this module sets its own: pytest-xdist's workers
+# inherit the environment of the main process, which imported this module first (reading
+# VLLM_CPU_OMP_THREADS_BIND there put the server on the engines' core)
+_GIVEN = os.environ.setdefault(
+    "BATCHCLIENT_TEST_GIVEN_BINDING", os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+)
+SERVER_BINDING = _GIVEN or str(_CORES[0])
+os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _GIVEN or str(_CORES[-1])
 # Ray's memory monitor weighs the whole machine, where this session's other engines and servers
 # run beside the cluster, and kills a replica in the middle of its start when they peak (it
 # reads as "a Ray replica failed to start"). The tests size every engine's KV cache themselves.
@@ -104,36 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_on_ray)
     if config.getoption("loadgroup", default=False):
         _name_the_groups(items)
-
-
-QUICK_NICENESS = 5
-"""The nice value of the workers that run no vLLM group while the engine group runs: weight 335
-against the engines' 1024 (Linux CFS), so the in-process engines get their core first; the
-quick tests still run wherever a core has time."""
-_placed = False
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under pytest-xdist, with the engine group selected, a worker whose first test is in
-    neither vLLM group gives way (:data:`QUICK_NICENESS`). The engine group is the longest run
-    of the session, one test after another on one core (the engines' core: see above): shared
-    evenly with the other workers, it took twice as long as alone and held the session up by
-    minutes. The scheduler sends the largest groups first; a worker's threads and children
-    keep the value it took."""
-    global _placed
-    if _placed:
-        return
-    _placed = True
-    if not os.environ.get("PYTEST_XDIST_WORKER") or sys.platform != "linux":
-        return
-    if _in_group(item) is not None:
-        return
-    if not any(_in_group(other) == ENGINE_GROUP for other in item.session.items):
-        return
-    for tid in os.listdir("/proc/self/task"):  # Linux keeps a nice value per thread
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.setpriority(os.PRIO_PROCESS, int(tid), QUICK_NICENESS)
 
 
 def _name_the_groups(items: list[pytest.Item]) -> None:

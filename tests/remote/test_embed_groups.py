@@ -138,7 +138,10 @@ async def test_the_cache_keys_each_input(tmp_path: Path) -> None:
         async with remote(stub, tmp_path, cache=True, embedding_group_size=8) as client:
             first = await client.batch_embeddings("smollm2", TEXTS[:8])
             again = await client.batch_embeddings("smollm2", TEXTS[4:12])
-    assert inputs_sent(stub) == [TEXTS[:8], TEXTS[8:12]]  # only the four new inputs
+    # only the four new inputs went out the second time (in how many groups depends on how
+    # fast the scheduler handed them over: test_n_inputs_take_ceil_n_over_group_requests)
+    sent = [x for g in inputs_sent(stub) for x in ([g] if isinstance(g, str) else g)]
+    assert sent == TEXTS[:12]
     assert again.embeddings[:4] == first.embeddings[4:8]
     cached = [any(m.metric == "cached" for m in r.metrics or ()) for r in again.batch]
     assert cached == [True] * 4 + [False] * 4

@@ -3,6 +3,7 @@ server on loopback (real sockets, real timing)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Any
@@ -206,17 +207,27 @@ async def test_sliding_window_never_exceeds_max_concurrency_and_keeps_order() ->
 
 
 async def test_one_slow_request_does_not_stall_the_window() -> None:
-    faults = [Fault(StubReply(delay_s=2.0), match="n0")]
+    """The first request is held until the other 100 are answered: through a window of 4 they
+    pass on the other 3 slots (chunked dispatch would wait for it with every chunk of 4, and
+    the test would time out)."""
+    release = threading.Event()
+    faults = [Fault(StubReply(hold=release), match="n0")]
     with StubServer(latency_s=0.01, faults=faults) as stub:
         async with RemoteBatchInference(stub.url, max_concurrency=4) as client:
-            started = time.monotonic()
-            result = await client.batch_chat_completion(
-                "smollm2", [convo(f"n{i}") for i in range(1, 101)] + [convo("n0")]
-            )
-            elapsed = time.monotonic() - started
-    assert all(r.error is None for r in result.batch)
-    # chunked dispatch would need ~25 rounds behind the slow one; a window needs ~2 s total
-    assert elapsed < 3.5
+
+            async def let_go_after_the_others() -> None:
+                with anyio.fail_after(60):
+                    while stub.stats.by_status[200] < 100:
+                        await anyio.sleep(0.01)
+                release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(let_go_after_the_others)
+                result = await client.batch_chat_completion(
+                    "smollm2", [convo(f"n{i}") for i in range(101)]
+                )
+    assert [r.text for r in result.batch] == [f"echo: n{i}" for i in range(101)]
+    assert stub.stats.max_in_flight == 4
 
 
 async def test_cancellation_closes_in_flight_requests_promptly() -> None:
