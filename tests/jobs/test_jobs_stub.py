@@ -113,6 +113,7 @@ async def test_token_counts_no_integer_column_holds_count_nothing_and_lose_nothi
     assert job.status == "completed", job.errors
     assert job.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
     assert [r["custom_id"] for r in out] == [*numbers, "plain"]
+    assert isinstance(result, BatchChatCompletionResponse)
     assert all(r.text == "fine" for r in result.batch[:5]) and result.batch[5].text
     assert job.usage.input_tokens == result.batch[5].metric("prompt_tokens")
 
