@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -212,11 +213,12 @@ def kill_once_submitted(serve: Serve, state: Path) -> None:
 async def test_killed_client_reattaches_without_a_second_submission(
     serve: Serve, tmp_path: Path
 ) -> None:
-    serve.stub.latency_s = 0.1  # the server runs 40 lines for a while
+    release = threading.Event()  # the server's lines wait until the client has died
+    serve.stub.faults.append(Fault(StubReply(hold=release), match="k"))
     kill_once_submitted(serve, tmp_path)
     running = await remote_batches(serve)
     assert [b["status"] for b in running] in (["validating"], ["in_progress"])  # died waiting
-    serve.stub.latency_s = 0.0
+    release.set()
     async with client(serve, tmp_path) as c:
         result = await c.batch_chat_completion("smollm2", convo([f"k{i}" for i in range(40)]))
         batches = await remote_batches(serve)

@@ -125,24 +125,34 @@ async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
 # ---------------------------------------------------------------------------- announced quotas
 
 
+def _median_per_half_second(arrivals: list[float]) -> float:
+    """The requests that reach the server in the half second from each arrival, median."""
+    arrivals = sorted(arrivals)
+    return statistics.median(
+        bisect.bisect_left(arrivals, t + 0.5) - i
+        for i, t in enumerate(arrivals)
+        if t + 0.5 <= arrivals[-1]
+    )
+
+
 @pytest.mark.slow
 async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     """A gateway allowing 40 requests per 0.5 s window, announced in ``x-ratelimit-*``
-    headers, and no rpm set by the user: the client holds before the quota runs out."""
+    headers, and no rpm set by the user: the client holds before the quota runs out, and
+    still sends close to the quota (30 per half second), or where this machine cannot send
+    that many, at least 3/4 of what the same client sends the same stub without a quota."""
+    with StubServer(latency_s=0.03) as free:
+        async with RemoteBatchInference(free.url, retry=FAST) as client:
+            await client.batch_chat_completion("smollm2", convos(240))
+    free_arrivals = sorted(free.stats.arrivals)  # 240 in well under a second on a free machine
+    can_send = 0.5 * (len(free_arrivals) - 1) / max(free_arrivals[-1] - free_arrivals[0], 1e-3)
     with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
         async with RemoteBatchInference(stub.url, retry=FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(240))
     assert all(r.error is None for r in result.batch)
     assert stub.stats.by_status[429] <= 2, stub.stats.by_status
-    # close to the quota (80 requests/s), not below it: the half second after the median
-    # request carries at least 30 (read at the server: a stall of this process cannot fail it)
-    arrivals = sorted(stub.stats.arrivals)
-    per_half_s = [
-        bisect.bisect_left(arrivals, t + 0.5) - i
-        for i, t in enumerate(arrivals)
-        if t + 0.5 <= arrivals[-1]
-    ]
-    assert statistics.median(per_half_s) >= 30, per_half_s
+    paced = _median_per_half_second(stub.stats.arrivals)
+    assert paced >= min(30, 0.75 * can_send), (paced, can_send)
 
 
 async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
