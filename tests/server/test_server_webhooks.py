@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -239,6 +240,37 @@ def test_each_ending_posts_one_signed_event_retried_with_the_same_id(
     assert SECRET[6:].encode() not in stored and bytes(range(32)) not in stored
 
 
+@contextmanager
+def hooked(receiver: Receiver, state: Path) -> Iterator[str]:
+    """A served app over the chat stub whose webhook goes to ``receiver``; yields its URL."""
+    with (
+        StubServer() as stub,
+        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
+    ):
+        yield url
+
+
+def end_one_batch(url: str, lines: int = 1) -> None:
+    """A batch of ``lines`` lines through the served app, waited until it completed."""
+    client = sdk(url, None)
+    upload = client.files.create(file=("in.jsonl", batch_file(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert wait_batch(client, batch.id).status == "completed"
+
+
+def delivered_event(state: Path) -> tuple[int, str | None]:
+    """The outbox's one event once delivered: its attempts and ``last_error``."""
+    with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+        wait_sync(
+            lambda: conn.execute("SELECT delivered_at FROM webhook_events").fetchone()[0],
+            timeout=20,
+        )
+        attempts, error = conn.execute("SELECT attempts, last_error FROM webhook_events").fetchone()
+    return int(attempts), error
+
+
 def test_a_redirect_is_a_failed_attempt_never_followed(
     receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -248,22 +280,9 @@ def test_a_redirect_is_a_failed_attempt_never_followed(
     monkeypatch.setattr(_webhooks, "BASE_DELAY_S", 0.05)
     receiver.script = ["redirect"]
     state = tmp_path / "state"
-    with (
-        StubServer() as stub,
-        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
-    ):
-        client = sdk(url, None)
-        upload = client.files.create(file=("in.jsonl", batch_file(2)), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        assert wait_batch(client, batch.id).status == "completed"
-        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
-            wait_sync(
-                lambda: conn.execute("SELECT delivered_at FROM webhook_events").fetchone()[0],
-                timeout=20,
-            )
-            (attempts,) = conn.execute("SELECT attempts FROM webhook_events").fetchone()
+    with hooked(receiver, state) as url:
+        end_one_batch(url, 2)
+        attempts, _ = delivered_event(state)
     assert [d.path for d in receiver.deliveries] == ["/hooks", "/hooks"]
     assert attempts == 2 and len(receiver.events()) == 1
 
@@ -276,22 +295,9 @@ def test_an_endless_answer_is_read_no_further_than_the_cap(
     monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
     receiver.script = ["flood"]
     state = tmp_path / "state"
-    with (
-        StubServer() as stub,
-        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
-    ):
-        client = sdk(url, None)
-        upload = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        assert wait_batch(client, batch.id).status == "completed"
-        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
-            wait_sync(
-                lambda: conn.execute("SELECT delivered_at FROM webhook_events").fetchone()[0],
-                timeout=20,
-            )
-            row = conn.execute("SELECT attempts, last_error FROM webhook_events").fetchone()
+    with hooked(receiver, state) as url:
+        end_one_batch(url)
+        row = delivered_event(state)
     assert row == (1, None) and len(receiver.deliveries) == 1
     # what the receiver could write before the hang-up: the cap plus the sockets' buffers
     assert receiver.flooded < 64 << 20, receiver.flooded
@@ -310,15 +316,9 @@ def test_an_error_that_quotes_the_url_is_logged_and_stored_without_its_token(
     state = tmp_path / "state"
     with (
         caplog.at_level("WARNING", logger="batchclient.server.webhooks"),
-        StubServer() as stub,
-        served(stub.url, state, webhook_url=receiver.url, webhook_secret=SECRET) as url,
+        hooked(receiver, state) as url,
     ):
-        client = sdk(url, None)
-        upload = client.files.create(file=("in.jsonl", batch_file(1)), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        assert wait_batch(client, batch.id).status == "completed"
+        end_one_batch(url)
         wait_sync(lambda: len(receiver.deliveries) == 2, timeout=20)
         with sqlite3.connect(state / "batchclient.sqlite3") as conn:
             (stored,) = conn.execute("SELECT last_error FROM webhook_events").fetchone()
