@@ -38,6 +38,7 @@ from ..errors import (
     JobStateError,
     ModelNotFoundError,
 )
+from ..types import Batch
 
 logger = logging.getLogger("batchclient.server")
 
@@ -66,6 +67,18 @@ def redact_paths(text: str, roots: Sequence[Path] = ()) -> str:
         if root not in ("", "/"):
             text = text.replace(root, "<state>")
     return _ABSOLUTE_PATH.sub("<path>", text)
+
+
+def redacted_batch(batch: Batch, roots: Sequence[Path]) -> Batch:
+    """``batch`` with its errors' messages through :func:`redact_paths` (a failed output write
+    or a failing state directory say which file as ``<state>/files/...``)."""
+    if not batch.errors or not batch.errors.data:
+        return batch
+    data = [
+        e.model_copy(update={"message": redact_paths(e.message, roots)}) if e.message else e
+        for e in batch.errors.data
+    ]
+    return batch.model_copy(update={"errors": batch.errors.model_copy(update={"data": data})})
 
 
 class APIError(Exception):
@@ -228,7 +241,7 @@ def state_roots(request: Request) -> list[Path]:
     tenants = getattr(request.app.state, "tenants", None)
     if tenants is None:
         return []
-    return [tenants.state_dir, *(t.client.state_dir for t in tenants.tenants)]
+    return tenants.state_dirs()  # type: ignore[no-any-return]
 
 
 def validation_response(errors: Any) -> JSONResponse:

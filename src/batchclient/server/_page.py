@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import ErrorCode
 from ..jobs import JobManager
 from ..types import Batch
-from ._errors import error_response, redact_paths
+from ._errors import error_response, redact_paths, redacted_batch
 from ._middleware import ROUTE_SCOPE_KEY
 from ._page_render import Capacity, LineError, sign_in_page, status_page
 from ._tenants import Tenant, Tenants
@@ -171,8 +171,8 @@ class StatusPage:
         batches = await client.batches.list(limit=PAGE_BATCHES)
         failures = await self._failures(client._manager(), batches)
         # as the API shows them: the error messages name no path of the server's
-        roots = [self.tenants.state_dir, *(t.client.state_dir for t in self.tenants.tenants)]
-        batches = [_without_paths(b, roots) for b in batches]
+        roots = self.tenants.state_dirs()
+        batches = [redacted_batch(b, roots) for b in batches]
         failures = {
             i: ([_line_without_paths(e, roots) for e in errors], unrun)
             for i, (errors, unrun) in failures.items()
@@ -224,16 +224,6 @@ class StatusPage:
             while len(self._ended) > MAX_SESSIONS:
                 self._ended.popitem(last=False)
         return {b.id: found.get(b.id) or self._ended[_seen_as(b)] for b in failing}
-
-
-def _without_paths(batch: Batch, roots: list[Path]) -> Batch:
-    if not batch.errors or not batch.errors.data:
-        return batch
-    data = [
-        e.model_copy(update={"message": redact_paths(e.message, roots)}) if e.message else e
-        for e in batch.errors.data
-    ]
-    return batch.model_copy(update={"errors": batch.errors.model_copy(update={"data": data})})
 
 
 def _line_without_paths(line: LineError, roots: list[Path]) -> LineError:

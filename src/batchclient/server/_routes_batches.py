@@ -16,7 +16,7 @@ from ..errors import ConfigurationError, JobNotFoundError
 from ..jobs._runner import parse_window
 from ..types import Batch
 from ._body import read_model
-from ._errors import APIError, clip, found, redact_paths, state_roots
+from ._errors import APIError, clip, found, redacted_batch, state_roots
 from ._fair import check_priority
 from ._idempotency import MAX_KEY_LENGTH, KeyReused, body_digest
 from ._middleware import tenant_of
@@ -92,13 +92,7 @@ async def create_batch(
 def public(request: Request, batch: Batch) -> dict[str, Any]:
     """``batch`` as JSON for its tenant: its errors' messages name no server path (a failed
     output write or a failing state directory say which file as ``<state>/files/...``)."""
-    data = batch.model_dump(mode="json")
-    errors = (data.get("errors") or {}).get("data") or []
-    roots = state_roots(request)
-    for error in errors:
-        if isinstance(error.get("message"), str):
-            error["message"] = redact_paths(error["message"], roots)
-    return data
+    return redacted_batch(batch, state_roots(request)).model_dump(mode="json")
 
 
 async def _create(client: BatchClient, params: BatchCreate) -> Batch:

@@ -165,6 +165,10 @@ class Tenants:
             self._keyed.append((hashlib.sha256(key.encode()).digest(), tenant))
         self._stack: AsyncExitStack | None = None
 
+    def state_dirs(self) -> list[Path]:
+        """The server's state directory and every tenant's (what clients never see named)."""
+        return [self.state_dir, *(t.client.state_dir for t in self.tenants)]
+
     @property
     def keyed(self) -> bool:
         """Whether clients must send a key (keys were configured)."""
