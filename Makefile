@@ -47,7 +47,7 @@ format: setup
 # process) repeat at scale what make test checks small.
 COV_MIN ?= 75
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not heavy" --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --shared-vllm-servers -m "not heavy" --cov=batchclient --cov-report=term-missing:skip-covered --cov-fail-under=$(COV_MIN)
 
 test-heavy: setup
 	$(BIN)/python -m pytest -q -m heavy
@@ -58,8 +58,10 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -n 4 --dist loadgroup -m "not server and not engine and not slow"
 
 # The test runs spread over pytest-xdist workers by group (--dist loadgroup, groups in
-# tests/conftest.py): make test runs the tests on the session's vLLM server in one worker and
-# those on its in-process engines in another, at the same time, each starting what it uses once;
+# tests/conftest.py): make test runs the tests on the session's vLLM servers in one worker, those
+# on its in-process generating engine (and Ray) in another and those on its embedding engine in a
+# third, at the same time, each starting its engine once; the main pytest process starts the
+# servers once for all of them (--shared-vllm-servers, tests/session_servers.py);
 # modules whose set-up every worker would repeat (an SDK import, torch) have a worker each; the
 # rest go wherever a worker is free. They write bytecode whatever the shell says: the suite
 # starts over a hundred Python processes (workers, batchclient commands, servers), and each would

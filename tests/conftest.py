@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from batchclient import RayBatchInference, VLLMBatchInference
 from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
+from session_servers import SessionServers, shared_url
 
 # The session runs several engines at once (the server's, the in-process ones: inline,
 # embeddings, Ray replicas). Each bound to every core by default, their OpenMP threads
@@ -60,29 +62,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[IMPORTED_AT_COLLECTION] = loaded
 
 
-SERVER_GROUP, ENGINE_GROUP = "vllm-server", "vllm-engine"
+SERVER_GROUP, ENGINE_GROUP, POOLING_GROUP = "vllm-server", "vllm-engine", "vllm-pooling"
 """The pytest-xdist groups of the ``server`` and ``engine`` tests. Under ``--dist loadgroup``
-(``make test``) each runs in one worker, the two at once, and each worker starts the session's
-servers and engines its tests use once: the engine group has the tests on the in-process
-engines and the Ray cluster (and those that also use the server: its worker starts one too),
-the server group the tests on the session's server and those that start their own. Such a test
-takes no other group."""
-_ENGINE_FIXTURES = frozenset(
-    {"inline_client", "pooling_client", "float32_client", "ray_client", "pooling_url"}
-)
-_ENGINE_CELLS = frozenset({"inline", "inline-pooling", "ray"})  # test_capabilities' providers
+(``make test``) each runs in one worker, the three at once, and each worker starts the
+session's engines its tests use once: the engine group has the tests on the in-process
+generating engine and the Ray cluster, the pooling group those on the in-process embedding
+engine, the server group the tests on the session's servers only and those that start their
+own. Such a test takes no other group."""
+_ENGINE_FIXTURES = frozenset({"inline_client", "float32_client", "ray_client"})
+_ENGINE_CELLS = frozenset({"inline", "ray"})  # test_capabilities' providers
 
 
 def _vllm_group(item: pytest.Item) -> str:
     callspec = getattr(item, "callspec", None)
-    params: dict[str, object] = callspec.params if callspec is not None else {}
+    params: dict[str, Any] = callspec.params if callspec is not None else {}
     cell = params.get("cell")
-    on_engines = (
-        bool(_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    provider = cell[0] if isinstance(cell, tuple) else None
+    fixtures = getattr(item, "fixturenames", ())
+    if (
+        _ENGINE_FIXTURES.intersection(fixtures)
         or params.get("provider") == "inline"  # the provider fixture's engine half
-        or (isinstance(cell, tuple) and cell[0] in _ENGINE_CELLS)
-    )
-    return ENGINE_GROUP if on_engines else SERVER_GROUP
+        or provider in _ENGINE_CELLS
+    ):
+        return ENGINE_GROUP
+    if "pooling_client" in fixtures or provider == "inline-pooling":
+        return POOLING_GROUP
+    return SERVER_GROUP
 
 
 def _on_ray(item: pytest.Item) -> bool:
@@ -128,7 +133,7 @@ def _name_the_groups(items: list[pytest.Item]) -> None:
                 for m in item.iter_markers("xdist_group")
             }
         )
-        for only in (SERVER_GROUP, ENGINE_GROUP):
+        for only in (SERVER_GROUP, ENGINE_GROUP, POOLING_GROUP):
             if only in groups:
                 groups = [only]  # with the session's servers and engines, whatever else
         if groups:
@@ -149,6 +154,54 @@ def stub(request: pytest.FixtureRequest) -> Iterator[StubServer]:
         yield server
 
 
+CHAT_SERVER: dict[str, Any] = {
+    "max_model_len": 2048,
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "enable_tokenizer_info_endpoint": True,
+    # dev mode: POST /reset_prefix_cache, as the benchmark harness's server has it
+    "env": {"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING, "VLLM_SERVER_DEV_MODE": "1"},
+}
+"""The session's chat server (``vllm_url``)."""
+POOLING_SERVER: dict[str, Any] = {
+    "max_model_len": 1024,
+    "runner": "pooling",
+    "convert": "embed",
+    "env": {"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING, "VLLM_CPU_KVCACHE_SPACE": "1"},
+}
+"""The session's embedding server (``pooling_url``)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shared-vllm-servers",
+        action="store_true",
+        help="start the session's vLLM servers once, in the main process, for every "
+        "pytest-xdist worker (make test), instead of in each worker that uses them",
+    )
+
+
+_SERVERS = pytest.StashKey[SessionServers]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = hasattr(config, "workerinput")
+    if worker or not config.getoption("shared_vllm_servers", default=False):
+        return
+    specs = {"pooling": POOLING_SERVER}
+    if not os.environ.get("BATCHCLIENT_TEST_BASE_URL"):
+        specs = {"chat": CHAT_SERVER, **specs}
+    servers = SessionServers(specs)
+    servers.start()  # before pytest-xdist starts the workers, which inherit where they are
+    config.stash[_SERVERS] = servers
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    servers = config.stash.get(_SERVERS, None)
+    if servers is not None:
+        servers.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     """Base URL (ending in ``/v1``) of a real vLLM server with the bundled model as ``smollm2``,
@@ -159,14 +212,24 @@ def vllm_url() -> Iterator[str]:
     if given:
         yield given.rstrip("/")
         return
-    with vllm_server(
-        max_model_len=2048,
-        enable_auto_tool_choice=True,
-        tool_call_parser="hermes",
-        enable_tokenizer_info_endpoint=True,
-        # dev mode: POST /reset_prefix_cache, as the benchmark harness's server has it
-        env={"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING, "VLLM_SERVER_DEV_MODE": "1"},
-    ) as url:
+    yield from _server("chat", CHAT_SERVER)
+
+
+@pytest.fixture(scope="session")
+def pooling_url() -> Iterator[str]:
+    """Base URL of a real vLLM server with the bundled model as an embedding model
+    (``runner="pooling", convert="embed"``, ``max_model_len`` 1024, a 1 GiB KV cache)."""
+    yield from _server("pooling", POOLING_SERVER)
+
+
+def _server(name: str, spec: dict[str, Any]) -> Iterator[str]:
+    """The session's shared server ``name`` (``--shared-vllm-servers``), else one of this
+    process's own."""
+    url = shared_url(name)
+    if url is not None:
+        yield url
+        return
+    with vllm_server(**spec) as url:
         yield url
 
 

@@ -1,10 +1,10 @@
 """``RayBatchInference`` on a real local Ray cluster (the session's ``ray_client``, conftest):
 two replicas of the bundled model, each an engine with a small KV cache bound to its own core.
 Ordered results, per-item errors, cancellation, every endpoint the inline engine serves
-(completions, scoring, and embeddings on one pooling replica) with the inline engine's answers,
-the Ray Data adapter, a job resumed after its client process is killed, and a replica killed
-mid-batch (last: it leaves one replica). Start-up takes one to several minutes on 2 busy
-cores."""
+(completions and scoring with the inline engine's answers, embeddings on one pooling replica
+with the vLLM server's), the Ray Data adapter, a job resumed after its client process is
+killed, and a replica killed mid-batch (last: it leaves one replica). Start-up takes one to
+several minutes on 2 busy cores."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from batchclient import (
     ConfigurationError,
     ModelNotFoundError,
     RayBatchInference,
+    RemoteBatchInference,
     SamplingParams,
     VLLMBatchInference,
 )
@@ -155,11 +156,13 @@ async def test_scoring_uses_the_engines_tokenizer_and_gives_the_inline_scores(
     assert path is not None and path == await inline_client.provider.tokenizer_path(MODEL)
 
 
-async def test_pooling_replicas_embed_as_the_inline_engine(
-    ray_client: RayBatchInference, pooling_client: VLLMBatchInference
+async def test_pooling_replicas_embed_as_the_vllm_server(
+    ray_client: RayBatchInference, pooling_url: str, tmp_path: Path
 ) -> None:
     """One embedding replica on the same cluster (its own client, closed at the end so the
-    resume test below finds a free Ray CPU)."""
+    resume test below finds a free Ray CPU), against the session's vLLM server in pooling mode
+    (the inline pooling engine is checked against the same server in
+    tests/inline/test_embeddings.py)."""
     texts = ["A cat sat on the mat.", "A kitten rested on the rug.", "Stock prices fell today."]
     async with RayBatchInference(
         replicas=1,
@@ -174,7 +177,11 @@ async def test_pooling_replicas_embed_as_the_inline_engine(
         ours = await pooled.batch_embeddings(MODEL, texts)
         with pytest.raises(ConfigurationError, match="/v1/completions"):
             await pooled.batch_completion(MODEL, ["x"])
-    theirs = await pooling_client.batch_embeddings(MODEL, texts)
+    # one input per request: the server counts each input's tokens, as a replica does
+    async with RemoteBatchInference(
+        pooling_url, state_dir=tmp_path, embedding_group_size=1
+    ) as server:
+        theirs = await server.batch_embeddings(MODEL, texts)
     assert not ours.errors and not theirs.errors
     for mine, other in zip(ours.batch, theirs.batch, strict=True):
         # bfloat16 rounding moves with the batching, not the vector

@@ -1,12 +1,11 @@
 """Embeddings on the inline pooling engine (the session's ``pooling_client``) and on a real vLLM
-server in pooling mode agree input by input; bad input is per item; an embeddings batch file
-runs inline and comes out in OpenAI's shape."""
+server in pooling mode (the session's ``pooling_url``) agree input by input; bad input is per
+item; an embeddings batch file runs inline and comes out in OpenAI's shape."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -21,7 +20,6 @@ from batchclient import (
     RemoteBatchInference,
     VLLMBatchInference,
 )
-from batchclient.testing import vllm_server
 from jobs_util import jsonl
 from providers import MODEL
 
@@ -46,18 +44,6 @@ TEXTS = [
 def cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
-
-
-@pytest.fixture(scope="module")
-def pooling_url() -> Iterator[str]:
-    """The real vLLM server with the bundled model as an embedding model."""
-    with vllm_server(
-        max_model_len=1024,
-        runner="pooling",
-        convert="embed",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    ) as url:
-        yield url
 
 
 @pytest.mark.server

@@ -22,7 +22,7 @@ LINES = 240  # 40 lines/s: a 6-second batch
 
 @pytest.mark.slow
 async def test_the_eta_of_a_steady_batch_is_right_from_its_first_seconds(tmp_path: Path) -> None:
-    """From 1 s to 2.5 s into a 6 s batch, the ETA is within 1.25x of the time the batch
+    """From 1 s to 2.5 s into a 6 s batch, the ETA is within 1.2x of the time the batch
     really took to finish from then (the first rate came from the whole-second
     ``in_progress_at``, start-up and the first requests' latency included, and stayed for
     minutes: 1.6x too long for a batch started late in a second, which this one is on
@@ -54,7 +54,9 @@ async def test_the_eta_of_a_steady_batch_is_right_from_its_first_seconds(tmp_pat
     assert stub.stats.by_status[200] == LINES
     ratios = [eta / (finished - t) for t, eta in observed if 1.0 <= t - begun <= 2.5]
     assert len(ratios) >= 8, observed
-    # each within 1.25x (a few moments of a busy machine aside), and never far off
-    within = [0.8 <= r <= 1.25 for r in ratios]
-    assert sum(within) >= 0.8 * len(ratios) and min(ratios) >= 0.6 and max(ratios) <= 1.5, ratios
-    assert 0.85 <= statistics.median(ratios) <= 1.15, ratios
+    # The fault this guards against made the ETA too long (1.6x). A machine busy with other
+    # work stretches the rest of the batch after the ETA was given, which makes the ETA read
+    # short (0.8x measured beside the vLLM tests): the bounds are loose on that side only.
+    within = [0.7 <= r <= 1.2 for r in ratios]
+    assert sum(within) >= 0.8 * len(ratios) and min(ratios) >= 0.5 and max(ratios) <= 1.35, ratios
+    assert 0.75 <= statistics.median(ratios) <= 1.15, ratios
