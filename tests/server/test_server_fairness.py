@@ -1,5 +1,6 @@
-"""The server's fair gate: tenants share the provider's capacity, a tenant's batches go by
-``metadata.priority``, one-request calls go first. Unit tests drive :class:`FairGate` directly;
+"""The server's fair gate: tenants share the provider's capacity whatever kind of work they
+send, a tenant's one-request calls go ahead of its batch lines and its batches go by
+``metadata.priority``. Unit tests drive :class:`FairGate` directly;
 the end-to-end tests run real tenants' batches through ``create_app`` against the loopback
 stub and read the order in which their requests reached it."""
 
@@ -82,11 +83,60 @@ async def test_a_tenants_batches_go_by_priority_then_round_robin() -> None:
     assert order == ["a/high", "a/n1", "a/n2", "a/n1", "a/low"]
 
 
-async def test_calls_go_ahead_of_batch_lines() -> None:
+async def test_calls_go_ahead_of_batch_lines_within_each_tenants_turn() -> None:
     gate = FairGate(lambda: 1)
     waiters = [("a", batch("a1")), ("b", batch("b1")), ("a", CALL), ("b", CALL)]
     order = await _grants(gate, waiters, hold=1)
-    assert order[:2] == ["a/call", "b/call"]
+    assert order == ["a/call", "b/call", "a/a1", "b/b1"]
+
+
+async def test_a_tenants_calls_take_only_its_share_while_another_tenants_lines_wait() -> None:
+    """Tenant A's calls hold every slot, more of them wait, and so do tenant B's batch lines:
+    the slots that free go to B until both hold as many (calls first took every one); a call
+    of a tenant holding fewer slots than a batch's tenant is admitted at the next free slot."""
+    gate = FairGate(lambda: 4)
+    admitted: list[str] = []
+    frees = [asyncio.Event() for _ in range(4)]
+    end = asyncio.Event()
+
+    async def hold(tenant: str, flow: Flow, until: asyncio.Event, label: str) -> None:
+        async with gate.slot(tenant, flow):
+            admitted.append(label)
+            await until.wait()
+
+    async with asyncio.TaskGroup() as tg:
+        for event in frees:
+            tg.create_task(hold("a", CALL, event, "first"))
+        await asyncio.sleep(0)
+        for _ in range(4):
+            tg.create_task(hold("a", CALL, end, "a/call"))
+            tg.create_task(hold("b", batch("b1"), end, "b/b1"))
+        await asyncio.sleep(0)
+        for event in frees:
+            event.set()
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert admitted[4:] == ["b/b1", "b/b1", "a/call", "a/call"], admitted
+        assert (gate.held("a"), gate.held("b"), gate.waiting()) == (2, 2, 4)
+        end.set()
+    # the reverse: B's batch lines hold every slot and more wait, then a call of A: the next
+    # slot to free goes to the call
+    admitted.clear()
+    free, end = asyncio.Event(), asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(hold("b", batch("b1"), free, "first"))
+        for _ in range(3):
+            tg.create_task(hold("b", batch("b1"), end, "first"))
+        await asyncio.sleep(0)
+        for _ in range(3):
+            tg.create_task(hold("b", batch("b1"), end, "b/b1"))
+        tg.create_task(hold("a", CALL, end, "a/call"))
+        await asyncio.sleep(0)
+        free.set()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert admitted[4:] == ["a/call"], admitted
+        end.set()
 
 
 async def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
@@ -239,6 +289,45 @@ def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> 
                     sdk(url, KEY_A).batches.cancel(batch_id)
     # first come, first served, the five batches' waiting lines would reach the upstream first
     assert ahead <= 3, arrivals[before:]
+
+
+def test_a_tenants_calls_in_flight_leave_another_tenant_its_share(tmp_path: Path) -> None:
+    """Tenant A keeps twice the capacity of one-request calls in flight, each of its 8 loops up
+    to 40 calls; tenant B's batch started meanwhile gets about half the slots: its lines reach
+    the upstream among A's calls, and it completes while A's loops still run (calls first took
+    every slot that freed, so B waited for all 320 calls)."""
+    capacity, small, loops, per_loop = 4, 8, 8, 40
+    stop = threading.Event()
+    with StubServer(latency_s=0.05, record_bodies=True) as stub:
+        app = create_app(_provider(stub, capacity), state_dir=tmp_path, api_keys=[KEY_A, KEY_B])
+        with AppServer(app) as url:
+
+            def calls(i: int) -> None:
+                body = {"model": "smollm2", "messages": [{"role": "user", "content": f"a{i}"}]}
+                headers = {"Authorization": f"Bearer {KEY_A}"}
+                with httpx.Client(headers=headers, timeout=60) as http:
+                    for _ in range(per_loop):
+                        if stop.is_set():
+                            return
+                        assert http.post(f"{url}/v1/chat/completions", json=body).is_success
+
+            threads = [threading.Thread(target=calls, args=(i,)) for i in range(loops)]
+            for thread in threads:
+                thread.start()
+            try:
+                wait_sync(lambda: len(stub.stats.bodies) >= 2 * capacity, timeout=10)
+                shared = wait_batch(sdk(url, KEY_B), _start(url, KEY_B, small, "b"))
+                texts = _texts(stub)
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join()
+    assert shared.request_counts.completed == small
+    b_at = [i for i, t in enumerate(texts) if t.startswith("b ")]
+    a_between = sum(1 for t in texts[b_at[0] : b_at[-1]] if t.startswith("a"))
+    assert len(b_at) == small
+    assert a_between <= small + capacity, (a_between, texts[b_at[0] : b_at[-1] + 1])
+    assert len(texts) < small + loops * per_loop, len(texts)  # A's loops were still running
 
 
 def test_an_unknown_priority_is_refused_before_the_batch_is_made(tmp_path: Path) -> None:

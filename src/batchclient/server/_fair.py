@@ -4,19 +4,22 @@ Every tenant's requests reach the one provider through a :class:`FairGate` that 
 the provider's capacity (its current concurrency limit, else its ``max_in_flight()``) at once.
 When a slot frees it goes to, in order:
 
-1. a one-request call (``/v1/chat/completions`` and the other one-request routes) if any waits:
-   someone is waiting on it, and it is one request;
-2. otherwise the tenant holding the fewest slots among those with requests waiting (ties: the
-   one served longest ago), so tenants share the capacity round-robin whatever the size of
-   their batches;
-3. within that tenant, its waiting batches of the highest ``metadata.priority`` (``high``, then
-   ``normal``, then ``low``), the one holding the fewest slots first (ties: served longest ago).
+1. the tenant holding the fewest slots among those with requests waiting, whatever kind they
+   are (ties: the one served longest ago), so tenants share the capacity round-robin whatever
+   the size of their batches and however many one-request calls they keep in flight;
+2. within that tenant, a one-request call (``/v1/chat/completions`` and the other one-request
+   routes) if any waits: someone is waiting on it, and it is one request;
+3. otherwise its waiting batches of the highest ``metadata.priority`` (``high``, then
+   ``normal``, then ``low``), the one holding the fewest slots first (ties: served longest
+   ago).
 
 So a 20-line batch started while another tenant's 20,000-line batch runs gets its share of the
-next slots to free instead of queueing behind the large batch's requests, and a tenant's
-``high`` batch runs ahead of its ``low`` one. Requests answered from the result cache never
-reach the gate. The flow of a request (its batch and priority, or a call) is read from
-:func:`batchclient._core.flows.current_flow`.
+next slots to free instead of queueing behind the large batch's requests; a tenant keeping 48
+calls in flight gets its share, not every slot that frees, while another tenant's batch waits
+(and a call of a tenant whose batch holds few slots is answered at the next slot to free); and
+a tenant's ``high`` batch runs ahead of its ``low`` one. Requests answered from the result
+cache never reach the gate. The flow of a request (its batch and priority, or a call) is read
+from :func:`batchclient._core.flows.current_flow`.
 """
 
 from __future__ import annotations
@@ -144,12 +147,11 @@ class FairGate:
             fut.set_result(None)
 
     def _pick(self) -> tuple[_Tenant, _Key] | None:
-        calls = [s for s in self._tenants.values() if any(k[0] == 0 for k in s.flows)]
-        candidates = calls or [s for s in self._tenants.values() if s.flows]
+        candidates = [s for s in self._tenants.values() if s.flows]
         if not candidates:
             return None
         state = min(candidates, key=lambda s: (s.held, s.served))
-        tier = min(k[0] for k in state.flows)
+        tier = min(k[0] for k in state.flows)  # a call (tier 0) first, then by priority
         key = min(
             (k for k in state.flows if k[0] == tier),
             key=lambda k: (state.flow_held.get(k, 0), state.flow_served.get(k, 0)),
