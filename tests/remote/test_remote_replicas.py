@@ -167,9 +167,11 @@ async def test_ejection_and_return_follow_the_dispatchers_clock() -> None:
     )
     dispatcher = Dispatcher([a, b], eject_after=2, eject_s=30.0, clock=lambda: now[0])
 
+    a.answered = b.answered = True  # both answered before: refusals mean a restart
+
     def fail(replica: Replica) -> None:
         lane = replica.lane("m")
-        dispatcher.on_failure(lane, "connection refused", connection=True)
+        dispatcher.on_failure(lane, "connection refused", connection=True, refused=True)
 
     fail(a)
     assert a.ejected_until == 0.0  # one failure is not enough
@@ -188,3 +190,82 @@ async def test_ejection_and_return_follow_the_dispatchers_clock() -> None:
     assert dispatcher.try_acquire("m").replica is a  # type: ignore[union-attr]
     fail(a)  # on probation: one failure ejects it again
     assert a.ejected_until == 1060.0
+
+
+async def test_only_the_replicas_own_faults_eject_it() -> None:
+    """On a fake clock: dropped connections, 5xx answers and timeouts never eject the last
+    replica in service (they may be one tenant's requests); refused connections do (nothing
+    listens: a restart). A request that already failed on a replica does not count against
+    the next one, so one body that breaks every server does not eject them in turn."""
+    from batchclient._routing.adaptive import AdaptiveSettings
+    from batchclient._routing.dispatch import Dispatcher, Replica
+    from batchclient._routing.rates import RateBuckets
+
+    now = [1000.0]
+    a, b = (
+        Replica(url, None, RateBuckets(None, None), AdaptiveSettings(initial=4), adaptive=False)
+        for url in ("http://a", "http://b")
+    )
+    a.answered = b.answered = True
+    dispatcher = Dispatcher([a, b], eject_after=2, eject_s=30.0, clock=lambda: now[0])
+    for _ in range(3):  # the same request failing again on b, after a
+        dispatcher.on_failure(b.lane("m"), "reset", connection=True, counts=False)
+    assert b.ejected_until == 0.0 and b.failures == 0
+    for _ in range(2):  # a's own dropped connections, with b in: out
+        dispatcher.on_failure(a.lane("m"), "reset", connection=True)
+    assert a.ejected_until == 1030.0
+    for connection, message in [(True, "reset"), (False, "HTTP 502"), (False, "timeout")] * 2:
+        dispatcher.on_failure(b.lane("m"), message, connection=connection)
+    assert b.ejected_until == 0.0 and b.failures == 6  # the last one in: paced, not ejected
+    dispatcher.on_failure(b.lane("m"), "refused", connection=True, refused=True)
+    assert b.ejected_until == 1030.0
+
+
+async def test_poison_requests_do_not_take_the_only_replica_out_for_the_others() -> None:
+    """Four requests whose body makes the only upstream drop the connection fail (two attempts
+    each, ``connection_error``); the ordinary requests sent right after are answered, not held
+    for the 60 s of an ejection."""
+    poison = Fault(StubReply(action="reset"), match="poison")
+    with StubServer(faults=[poison]) as stub:
+        async with RemoteBatchInference(
+            stub.url, max_retries=1, ejection=Ejection(duration_s=60), **FAST
+        ) as client:
+            bad = await client.batch_chat_completion(
+                "smollm2", [convo(f"poison {i}") for i in range(4)]
+            )
+            with anyio.fail_after(10):
+                good = await client.batch_chat_completion(
+                    "smollm2", [convo(f"fine {i}") for i in range(3)]
+                )
+            stats = lane(client, stub.url)
+    assert [r.error.code if r.error else None for r in bad.batch] == ["connection_error"] * 4
+    assert all(r.error is None for r in good.batch), [r.error for r in good.batch]
+    assert not stats.ejected and stub.stats.by_status[200] == 3
+
+
+async def test_an_ejected_replica_is_probed_and_back_as_soon_as_it_answers() -> None:
+    """A replica answering 500 for its first second is ejected for 60 s; probed every 0.1 s
+    (``GET /models``) it is back on probation at once, ejected again by its next 500, and
+    serves again once its second is over, long before the 60 s."""
+    flaky = Fault(StubReply(status=500), until_s=1.0)
+    with StubServer(faults=[flaky], latency_s=0.01) as broken, StubServer(latency_s=0.01) as good:
+        async with RemoteBatchInference(
+            [broken.url, good.url],
+            max_concurrency=2,
+            adaptive=False,
+            ejection=Ejection(duration_s=60, probe_s=0.1),
+            **FAST,
+        ) as client:
+            started = time.monotonic()
+            served = 0
+            with anyio.fail_after(30):
+                while broken.stats.by_status[200] == 0:
+                    got = await client.batch_chat_completion(
+                        "smollm2", [convo(f"n{served + i}") for i in range(4)]
+                    )
+                    assert all(r.error is None for r in got.batch)
+                    served += 4
+            back_after = time.monotonic() - started
+            stats = lane(client, broken.url)
+    assert broken.stats.by_status[500] >= 2  # ejected, probed back, ejected again
+    assert back_after < 30 and not stats.ejected

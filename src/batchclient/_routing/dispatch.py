@@ -35,8 +35,15 @@
   52x) take a replica out for ``eject_s`` seconds; its requests go elsewhere. On its return one
   more failure ejects it again. If every replica is out, attempts fail fast with
   :class:`ReplicasUnavailable` (retried by the caller until its attempts run out: never a hang).
-  A 5xx never ejects the last replica still in (backoff paces it instead); a connection failure
-  may.
+  Only the replica's own faults count: the failure of a request that already failed on a
+  replica (the caller says so, ``counts=False``) says more about the request than about the
+  replica, so one body that breaks every server it reaches does not eject them in turn. The
+  last replica still in is ejected only when it refuses connections (nothing listens: a
+  restart); a 5xx, a timeout or a connection it dropped is paced by backoff instead, since
+  they may be one tenant's requests and ejecting would fail everyone's.
+- **Probing**: with a ``probe`` (the remote provider's: ``GET /models``), an ejected replica is
+  asked every ``probe_s`` seconds whether it answers, and readmitted on probation (one more
+  failure ejects it again) as soon as it does, rather than at the end of ``eject_s``.
 - **Nothing listening**: a refused connection to a replica that has never answered ejects it
   at once (no server there, or not yet). When every replica is in that state the attempts fail
   at once with a final :class:`ReplicasUnavailable` (not retried: a missing server is not a
@@ -57,7 +64,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,8 +214,12 @@ class Dispatcher:
         eject_after: int,
         eject_s: float,
         clock: Callable[[], float] = time.monotonic,
+        probe: Callable[[Replica], Awaitable[bool]] | None = None,
+        probe_s: float = 1.0,
     ) -> None:
         self.replicas = replicas
+        self.probe, self.probe_s = probe, probe_s
+        self._probes: dict[int, asyncio.Task[None]] = {}  # by replica number
         self.clock = clock
         for number, replica in enumerate(replicas):
             replica.number = number
@@ -435,24 +446,34 @@ class Dispatcher:
         return throttled >= 4 and 2 * throttled > k
 
     def on_failure(
-        self, lane: Lane, message: str, *, connection: bool, refused: bool = False
+        self,
+        lane: Lane,
+        message: str,
+        *,
+        connection: bool,
+        refused: bool = False,
+        counts: bool = True,
     ) -> None:
-        """A connection failure or a 5xx answer (not a throttle): counts toward ejection.
-        ``refused``: the connection was refused; a replica that never answered is then
-        ejected at once (nothing listens there)."""
+        """A connection failure, a timeout or a 5xx answer (not a throttle): counts toward
+        ejection as the module docstring says. ``refused``: the connection was refused; a
+        replica that never answered is then ejected at once (nothing listens there).
+        ``counts``: False when the request already failed on a replica before (its failure
+        does not count against this one, unless the connection was refused)."""
         replica = lane.replica
         lane.failed += 1
-        replica.failures += 1
         replica.last_error = message
         replica.refused = refused
         if refused and not replica.answered:
             if replica.ejected_until <= self.clock():
                 self.eject(replica)
             return
+        if not counts and not refused:
+            return
+        replica.failures += 1
         if replica.failures < self.eject_after or replica.ejected_until > self.clock():
             return
         others_in = any(e is not replica and e.ejected_until <= self.clock() for e in self.replicas)
-        if connection or others_in:
+        if refused or others_in:
             self.eject(replica)
 
     def pause(self, replica: Replica, until: float) -> None:
@@ -476,6 +497,9 @@ class Dispatcher:
         replica.ejections += 1
         replica.failures = self.eject_after - 1  # on probation when it returns
         asyncio.get_running_loop().call_later(self.eject_s, self._grant_all)
+        if self.probe is not None and replica.number not in self._probes:
+            task = asyncio.get_running_loop().create_task(self._probe_until_back(replica))
+            self._probes[replica.number] = task
         problem = self.unavailable()
         if problem is None:
             self._grant_all()
@@ -487,12 +511,28 @@ class Dispatcher:
                 if not fut.done():
                     fut.set_exception(problem)
 
-    def readmit(self, replica: Replica) -> None:
+    def readmit(self, replica: Replica, *, probation: bool = False) -> None:
         """Take an ejected replica back now (its owner knows it is healthy again, e.g. a
-        restarted replica), and hand it the queued attempts."""
+        restarted replica), and hand it the queued attempts. ``probation``: one more failure
+        ejects it again."""
         replica.ejected_until = 0.0
-        replica.failures = 0
+        replica.failures = self.eject_after - 1 if probation else 0
         self._grant_all()
+
+    async def _probe_until_back(self, replica: Replica) -> None:
+        """Ask ``replica`` every ``probe_s`` seconds while it is ejected; readmit it on
+        probation once it answers."""
+        assert self.probe is not None
+        try:
+            while replica.ejected_until > self.clock():
+                await asyncio.sleep(self.probe_s)
+                if replica.ejected_until <= self.clock():
+                    return  # its time is up: back by itself
+                if await self.probe(replica):
+                    self.readmit(replica, probation=True)
+                    return
+        finally:
+            self._probes.pop(replica.number, None)
 
     # ------------------------------------------------------------------ reporting
 
@@ -531,6 +571,10 @@ class Dispatcher:
         return total
 
     async def close(self) -> None:
-        """Close every replica's connections."""
+        """Stop probing and close every replica's connections."""
+        probes = list(self._probes.values())
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         for replica in self.replicas:
             await replica.pool.close()

@@ -71,7 +71,11 @@ class RateLimits:
 @dataclass(frozen=True)
 class Ejection:
     """When a failing replica is taken out: after ``after`` consecutive connection failures or
-    5xx answers, for ``duration_s`` seconds."""
+    5xx answers, for ``duration_s`` seconds; meanwhile it is asked ``GET /models`` every
+    ``probe_s`` seconds and taken back as soon as it answers 200 (``probe_s=0``: no probing,
+    back after ``duration_s``). The last replica in service is taken out only when it refuses
+    connections (``docs/remote.md``)."""
 
     after: int = 3
     duration_s: float = 10.0
+    probe_s: float = 1.0

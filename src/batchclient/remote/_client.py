@@ -392,6 +392,8 @@ class RemoteProvider(Provider):
                     result, min(exc.wait_s, self.retry.retry_after_cap_s)
                 ) from None
         replica = lane.replica
+        # a request that already failed on a replica: its failures say little about this one
+        counts = avoid is None
         marks = None
         try:
             rates = replica.rates
@@ -406,11 +408,13 @@ class RemoteProvider(Provider):
             try:
                 resp = await replica.pool.request("POST", path, data, timeout=self.timeout_s)
             except HttpTimeout:
-                dispatcher.on_failure(lane, "timeout", connection=False)
+                dispatcher.on_failure(lane, "timeout", connection=False, counts=counts)
                 msg = f"no answer within {self.timeout_s:g} s of sending"
                 raise RetryableFailure(failed(ErrorCode.timeout, msg), replica=replica) from None
             except HttpError as exc:
-                dispatcher.on_failure(lane, str(exc), connection=True, refused=exc.refused)
+                dispatcher.on_failure(
+                    lane, str(exc), connection=True, refused=exc.refused, counts=counts
+                )
                 problem = dispatcher.unavailable() if exc.refused else None
                 if problem is not None and problem.final:  # nothing listens anywhere
                     return failed(ErrorCode.endpoint_unavailable, str(problem))
@@ -423,7 +427,7 @@ class RemoteProvider(Provider):
             parsed: Any = None
             if 200 <= resp.status < 300 and len(resp.body) > _THREAD_PARSE_BYTES:
                 parsed = await anyio.to_thread.run_sync(_parse_json, resp.body)
-            return self._outcome(lane, resp, sent_at, cost, marks, parsed, endpoint)
+            return self._outcome(lane, resp, sent_at, cost, marks, parsed, endpoint, counts)
         finally:
             if marks is not None:
                 lane.landed(token)
@@ -440,6 +444,7 @@ class RemoteProvider(Provider):
         marks: tuple[float, float],
         parsed: Any,
         endpoint: Endpoint,
+        counts: bool = True,
     ) -> Result:
         now = time.monotonic()
         status, headers, raw = resp.status, resp.headers, resp.body
@@ -470,7 +475,7 @@ class RemoteProvider(Provider):
             dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
             raise RetryableFailure(result, wait)
         if status in EJECTING_STATUS:
-            dispatcher.on_failure(lane, f"HTTP {status}", connection=False)
+            dispatcher.on_failure(lane, f"HTTP {status}", connection=False, counts=counts)
             raise RetryableFailure(result, replica=replica)
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)

@@ -17,7 +17,7 @@ from .._version import __version__
 from ..errors import ConfigurationError
 from ._options import RemoteOptions
 from ._settings import HttpOptions, Verify
-from ._transport import Transport
+from ._transport import HttpError, HttpTimeout, ResponseTooLarge, Transport
 from ._urls import (
     Redactor,
     check_headers,
@@ -61,8 +61,8 @@ def check_settings(options: RemoteOptions) -> None:
     if options["timeout_s"] <= 0:
         raise ConfigurationError("timeout_s must be > 0 seconds")
     ejection = options["ejection"]
-    if ejection.after < 1 or ejection.duration_s < 0:
-        raise ConfigurationError("Ejection needs after >= 1 and duration_s >= 0")
+    if ejection.after < 1 or ejection.duration_s < 0 or ejection.probe_s < 0:
+        raise ConfigurationError("Ejection needs after >= 1, duration_s >= 0 and probe_s >= 0")
     limits = (
         ("rpm", options["rpm"]),
         ("tpm", options["tpm"]),
@@ -189,4 +189,21 @@ def build_dispatcher(
         replica.quota.max_hold_s = options["retry"].retry_after_cap_s
         built.append(replica)
     ejection = options["ejection"]
-    return Dispatcher(built, eject_after=ejection.after, eject_s=ejection.duration_s)
+    probe_timeout_s = timeouts.list_models_s
+
+    async def answers(replica: Replica) -> bool:
+        """Whether ``replica`` answers ``GET /models`` with 200 now."""
+        try:
+            resp = await replica.pool.request("GET", "/models", timeout=probe_timeout_s)
+        except (HttpError, HttpTimeout, ResponseTooLarge):
+            return False
+        replica.answered = True
+        return bool(resp.status == 200)
+
+    return Dispatcher(
+        built,
+        eject_after=ejection.after,
+        eject_s=ejection.duration_s,
+        probe=answers if ejection.probe_s > 0 else None,
+        probe_s=ejection.probe_s,
+    )
