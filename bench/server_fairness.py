@@ -10,12 +10,20 @@ Recorded besides: how many of A's lines finished while B ran (an equal share is 
 size), A's rate before and while B ran (the gate is work-conserving: the capacity stays used),
 and whether A was still running when B finished. A is cancelled after each round.
 
+``--calls N`` measures one-request calls against batches instead, both ways: B's ``--small``
+-line batch alone and while A keeps N one-request calls in flight (N loops, each sending its
+next call when its last is answered); then B's one-request calls, one at a time, alone and
+while A's ``--large``-line batch runs (median latency of ``--b-calls`` calls). With N above
+``--max-concurrency`` the calls alone could hold every slot.
+
 ``--src DIR`` runs the server from another source tree (an older checkout, to compare with
 first come, first served).
 
     python bench/server_fairness.py [--small 20] [--large 20000] [--repeats 3]
+    python bench/server_fairness.py --calls 48 --max-concurrency 32 --small 200
 
-Writes bench/results/server_fairness[_<a-batches>][_<label>].json (``_<label>`` with ``--src``).
+Writes bench/results/server_fairness[_<a-batches>|_calls][_<label>].json (``_<label>`` with
+``--src``).
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +47,6 @@ from _server_common import serve
 KEY_A = "bench-tenant-a-0123456789"
 KEY_B = "bench-tenant-b-9876543210"
 POLL_S = 0.02
-CAPACITY = 64
 
 
 def _upload(client: openai.OpenAI, path: Path, n: int) -> str:
@@ -67,12 +77,12 @@ def _done(client: openai.OpenAI, batch_id: str) -> tuple[int, str]:
 
 
 def measure(
-    small: int, large: int, a_batches: int, repeats: int, head_start: float
+    small: int, large: int, a_batches: int, repeats: int, head_start: float, capacity: int
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as name, stub_process(latency_s=0.05) as stub:
         tmp = Path(name)
-        extra = ("--max-concurrency", str(CAPACITY), "--api-key", KEY_A, "--api-key", KEY_B)
+        extra = ("--max-concurrency", str(capacity), "--api-key", KEY_A, "--api-key", KEY_B)
         with serve(stub, tmp / "state", *extra) as (url, _):
             a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0)
             b = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
@@ -123,6 +133,96 @@ def measure(
     }
 
 
+def _call(client: openai.OpenAI, text: str) -> float:
+    started = time.perf_counter()
+    client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": text}], max_tokens=8
+    )
+    return time.perf_counter() - started
+
+
+@contextmanager
+def _calls_in_flight(client: openai.OpenAI, n: int) -> Iterator[list[int]]:
+    """``n`` loops of one-request calls until the block ends; yields the count answered."""
+    answered = [0]
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            _call(client, f"call of loop {i}")
+            answered[0] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def measure_calls(
+    calls: int, small: int, large: int, b_calls: int, repeats: int, head_start: float,
+    capacity: int,
+) -> dict[str, Any]:  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as name, stub_process(latency_s=0.05) as stub:
+        tmp = Path(name)
+        extra = ("--max-concurrency", str(capacity), "--api-key", KEY_A, "--api-key", KEY_B)
+        with serve(stub, tmp / "state", *extra) as (url, _):
+            a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0)
+            b = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
+            a_file = _upload(a, tmp / "a.jsonl", large)
+            b_file = _upload(b, tmp / "b.jsonl", small)
+            _run_b(b, b_file)  # warm-up: connections, the model check, the adaptive limit
+            for _ in range(repeats):
+                alone_s, _batch = _run_b(b, b_file)
+                with _calls_in_flight(a, calls) as answered:
+                    time.sleep(head_start)
+                    before = answered[0]
+                    shared_s, _batch = _run_b(b, b_file)
+                    a_calls_during = answered[0] - before
+                call_alone = statistics.median(_call(b, "alone") for _ in range(b_calls))
+                big = a.batches.create(
+                    input_file_id=a_file, endpoint="/v1/chat/completions", completion_window="24h"
+                ).id
+                time.sleep(head_start)
+                call_shared = statistics.median(_call(b, "beside") for _ in range(b_calls))
+                a_running = _done(a, big)[1] == "in_progress"
+                a.batches.cancel(big)
+                rows.append(
+                    {
+                        "b_batch_alone_s": alone_s,
+                        "b_batch_beside_calls_s": shared_s,
+                        "a_calls_during_b": a_calls_during,
+                        "b_call_alone_s": call_alone,
+                        "b_call_beside_batch_s": call_shared,
+                        "a_batch_still_running": a_running,
+                    }
+                )
+
+    def median(key: str) -> float:
+        return float(statistics.median(r[key] for r in rows))
+
+    return {
+        "calls": calls,
+        "small": small,
+        "large": large,
+        "b_calls": b_calls,
+        "max_concurrency": capacity,
+        "rounds": rows,
+        "b_batch_alone_s": median("b_batch_alone_s"),
+        "b_batch_beside_calls_s": median("b_batch_beside_calls_s"),
+        "batch_ratio": median("b_batch_beside_calls_s") / median("b_batch_alone_s"),
+        "b_call_alone_s": median("b_call_alone_s"),
+        "b_call_beside_batch_s": median("b_call_beside_batch_s"),
+        "call_ratio": median("b_call_beside_batch_s") / median("b_call_alone_s"),
+        "a_batch_still_running": all(r["a_batch_still_running"] for r in rows),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--small", type=int, default=20, help="tenant B's lines (default 20)")
@@ -130,6 +230,9 @@ def main() -> None:
     p.add_argument("--a-batches", type=int, default=1, help="A's lines split into this many")
     p.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     p.add_argument("--head-start", type=float, default=2.0, help="A's seconds before B's start")
+    p.add_argument("--max-concurrency", type=int, default=64, help="the server's (default 64)")
+    p.add_argument("--calls", type=int, default=0, help="A's calls in flight (the calls mode)")
+    p.add_argument("--b-calls", type=int, default=20, help="B's calls per round (calls mode)")
     p.add_argument("--src", default=None, help="run the server from this source tree")
     p.add_argument("--label", default="baseline", help="result name suffix with --src")
     args = p.parse_args()
@@ -138,11 +241,33 @@ def main() -> None:
 
         _jobs_common.SRC = Path(args.src).resolve()
         os.environ["PYTHONPATH"] = str(_jobs_common.SRC)
-    figures = measure(args.small, args.large, args.a_batches, args.repeats, args.head_start)
-    figures["target"] = "stub, 50 ms latency, 64 in flight, two tenants; polled every 20 ms"
+    if args.calls:
+        figures = measure_calls(
+            args.calls, args.small, args.large, args.b_calls, args.repeats, args.head_start,
+            args.max_concurrency,
+        )  # fmt: skip
+        name = "server_fairness_calls"
+    else:
+        figures = measure(
+            args.small, args.large, args.a_batches, args.repeats, args.head_start,
+            args.max_concurrency,
+        )  # fmt: skip
+        name = "server_fairness" + (f"_{args.a_batches}" if args.a_batches > 1 else "")
+    figures["target"] = (
+        f"stub, 50 ms latency, {args.max_concurrency} in flight, two tenants; polled every 20 ms"
+    )
     figures["server_src"] = "another checkout" if args.src else "this checkout"
-    name = "server_fairness" + (f"_{args.a_batches}" if args.a_batches > 1 else "")
     path = save(f"{name}_{args.label}" if args.src else name, figures)
+    if args.calls:
+        print(
+            f"B's {args.small}-line batch: alone {figures['b_batch_alone_s']:.2f} s, beside A's "
+            f"{args.calls} calls in flight {figures['b_batch_beside_calls_s']:.2f} s "
+            f"(x{figures['batch_ratio']:.2f}); B's call: alone "
+            f"{figures['b_call_alone_s'] * 1000:.0f} ms, beside A's {args.large}-line batch "
+            f"{figures['b_call_beside_batch_s'] * 1000:.0f} ms (x{figures['call_ratio']:.2f})"
+            f"\nwrote {path}"
+        )
+        return
     print(
         f"B's {args.small} lines: alone {figures['b_alone_s']:.2f} s, while A's {args.large} "
         f"lines in {args.a_batches} batch(es) run {figures['b_with_large_s']:.2f} s "
