@@ -21,16 +21,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import openai
 import pytest
 
+from batchclient import RemoteBatchInference
 from batchclient.cli import main
 from batchclient.errors import ConfigurationError
+from batchclient.jobs._runner import WriteRetry
 from batchclient.remote import RemoteProvider
 from batchclient.server import _webhooks, create_app, tenant_id
-from batchclient.server._webhooks import Webhook, sign
+from batchclient.server._webhooks import Outbox, Webhook, sign
 from batchclient.testing import Fault, StubReply, StubServer, free_port
-from jobs_util import jsonl, line, wait_sync
+from jobs_util import FAST, jsonl, line, wait_sync
 from server_util import KEY_A, batch_file, ready, sdk, served, spawn, wait_batch
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
@@ -328,6 +331,89 @@ def test_an_error_that_quotes_the_url_is_logged_and_stored_without_its_token(
     assert "ClientResponseError" in logged
     for text in (stored, logged):
         assert "token=abc" not in text and "/hooks" not in text, text
+
+
+def test_a_receiver_slow_to_answer_one_event_does_not_hold_the_next(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first event's answer hangs (for the deliverer's whole 10 s timeout); the next
+    event is delivered meanwhile (one delivery at a time held it for those 10 s)."""
+    monkeypatch.setattr(_webhooks, "POLL_S", 0.05)
+    receiver.script = ["hang"]
+    state = tmp_path / "state"
+    with hooked(receiver, state) as url:
+        end_one_batch(url)
+        wait_sync(lambda: len(receiver.deliveries) == 1, timeout=20)
+        end_one_batch(url)
+        wait_sync(lambda: len(receiver.deliveries) == 2, timeout=8)
+        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+            rows = conn.execute("SELECT delivered_at IS NOT NULL FROM webhook_events").fetchall()
+        receiver.release.set()
+    assert sorted(rows) == [(0,), (1,)]
+
+
+async def test_a_resumed_batch_sends_the_event_of_each_state_it_ends_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that failed (its output folder could not be written) and then completed once
+    resumed queues ``batch.failed`` and then ``batch.completed`` (one event per batch held
+    the second back)."""
+    monkeypatch.setattr("batchclient.jobs._runner.WRITE_RETRY", WriteRetry(3, 0.01, 0.02))
+    state = tmp_path / "state"
+    outbox = Outbox(state)  # a server with a webhook opened this state directory
+    files = state / "files"
+    try:
+        with StubServer(latency_s=0.2) as stub:
+            async with RemoteBatchInference(stub.url, state_dir=state, **FAST) as client:
+                record = await client.files.create(batch_file(4))
+                batch = await client.batches.create(record.id)
+                with anyio.fail_after(30):
+                    while stub.stats.requests == 0:  # the input file is open: swap the folder
+                        await anyio.sleep(0.01)
+                files.rename(tmp_path / "files.moved")
+                files.write_text("a file where the folder of output files should be")
+                with anyio.fail_after(30):
+                    failed = await client.batches.wait(batch.id)
+                files.unlink()
+                (tmp_path / "files.moved").rename(files)
+                await client.batches.resume(batch.id)
+                with anyio.fail_after(30):
+                    done = await client.batches.wait(batch.id)
+        rows = outbox.db.all("SELECT batch_id, type FROM webhook_events ORDER BY rowid")
+    finally:
+        outbox.close()
+    assert (failed.status, done.status) == ("failed", "completed")
+    assert [tuple(r) for r in rows] == [(batch.id, "batch.failed"), (batch.id, "batch.completed")]
+
+
+def test_an_outbox_of_one_event_per_batch_is_migrated_keeping_its_events(tmp_path: Path) -> None:
+    """A state directory whose outbox is at version 1 (one event per batch): opened, it keeps
+    its events and queues the next state's event of the same batch."""
+    from batchclient._state import Migration, Schema
+    from batchclient.jobs._store import Store
+
+    store = Store(tmp_path)
+    store.db.migrate(Schema("webhooks", (Migration(1, _webhooks._create),)))
+    store.db.write(
+        "INSERT INTO webhook_events (id, batch_id, type, created_at, delivered_at) "
+        "VALUES ('evt_1', 'batch_1', 'batch.failed', 1, 2)"
+    )
+    store.close()
+    outbox = Outbox(tmp_path)
+    try:
+        outbox.db.write(
+            "INSERT INTO webhook_events (id, batch_id, type, created_at) "
+            "VALUES ('evt_2', 'batch_1', 'batch.completed', 3)"
+        )
+        rows = outbox.db.all("SELECT id, type, delivered_at FROM webhook_events ORDER BY id")
+        triggers = outbox.db.all("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    finally:
+        outbox.close()
+    assert [tuple(r) for r in rows] == [
+        ("evt_1", "batch.failed", 2),
+        ("evt_2", "batch.completed", None),
+    ]
+    assert {r[0] for r in triggers} >= {"webhook_on_terminal", "webhook_on_terminal_insert"}
 
 
 def test_redaction_cuts_the_path_and_query_wherever_they_appear() -> None:

@@ -1,7 +1,8 @@
 """Webhooks: a signed POST to the operator's URL whenever a batch ends.
 
-Every batch that reaches ``completed``, ``failed``, ``expired`` or ``cancelled`` gets one event in
-OpenAI's shape::
+Every batch that reaches ``completed``, ``failed``, ``expired`` or ``cancelled`` gets an event in
+OpenAI's shape, one per state it reaches (a failed batch that is resumed and then completes
+gets ``batch.failed``, then ``batch.completed``)::
 
     {"id": "evt_...", "object": "event", "created_at": 1764000000,
      "type": "batch.completed", "data": {"id": "batch_..."}}
@@ -21,7 +22,9 @@ database when a server with a webhook first opens it; from then on every batch t
 a webhook. The secret is never stored: the outbox holds events, the signature is made at each
 attempt from the secret the server was given.
 
-Delivery: a 2xx answer within :attr:`Deliverer.timeout_s` is success; anything else (a 3xx too:
+Delivery: up to :data:`MAX_IN_FLIGHT_PER_TENANT` events of each tenant at once, so a receiver
+slow to answer one event holds neither the tenant's next events nor other tenants'. A 2xx
+answer within :attr:`Deliverer.timeout_s` is success; anything else (a 3xx too:
 redirects are never followed) is retried
 with exponential backoff (1 s, 2 s, 4 s, ... up to an hour, with jitter) for up to 72 hours
 after the event, then abandoned (logged, kept in the outbox with ``abandoned_at``). Only the
@@ -67,6 +70,8 @@ SECRET_PREFIX = "whsec_"
 MIN_SECRET_BYTES = 24
 """The Standard Webhooks specification: secrets are 24 to 64 random bytes."""
 MAX_SECRET_BYTES = 64
+MAX_IN_FLIGHT_PER_TENANT = 4
+"""Deliveries of one tenant's events at once (aiohttp's connection pool bounds them all: 100)."""
 POLL_S = 1.0
 """How often the outboxes are read for due events, seconds."""
 BASE_DELAY_S = 1.0
@@ -80,14 +85,39 @@ _INSERT_EVENT = (
 )
 
 
+_COLUMNS = (
+    "id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, type TEXT NOT NULL, "
+    "created_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, "
+    "next_attempt_at REAL NOT NULL DEFAULT 0, delivered_at INTEGER, abandoned_at INTEGER, "
+    "last_error TEXT"
+)
+_TRIGGERS = ("webhook_on_terminal", "webhook_on_terminal_insert")
+
+
 def _create(db: sqlite3.Connection) -> None:
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS webhook_events ("
-        "id TEXT PRIMARY KEY, batch_id TEXT NOT NULL UNIQUE, type TEXT NOT NULL, "
-        "created_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, "
-        "next_attempt_at REAL NOT NULL DEFAULT 0, delivered_at INTEGER, abandoned_at INTEGER, "
-        "last_error TEXT)"
+    db.execute(f"CREATE TABLE IF NOT EXISTS webhook_events ({_COLUMNS}, UNIQUE (batch_id))")
+    _index_and_triggers(db)
+
+
+def _one_event_per_state(db: sqlite3.Connection) -> None:
+    """Version 2: one event per batch and terminal state (version 1 kept one per batch, so a
+    resumed batch's final state was never sent). The table is copied into the new shape; the
+    triggers that write it are made again around the swap."""
+    for name in _TRIGGERS:
+        db.execute(f"DROP TRIGGER IF EXISTS {name}")
+    db.execute("DROP INDEX IF EXISTS webhook_events_due")
+    db.execute(f"CREATE TABLE webhook_events_new ({_COLUMNS}, UNIQUE (batch_id, type))")
+    columns = (
+        "id, batch_id, type, created_at, attempts, next_attempt_at, delivered_at, "
+        "abandoned_at, last_error"
     )
+    db.execute(f"INSERT INTO webhook_events_new ({columns}) SELECT {columns} FROM webhook_events")
+    db.execute("DROP TABLE webhook_events")
+    db.execute("ALTER TABLE webhook_events_new RENAME TO webhook_events")
+    _index_and_triggers(db)
+
+
+def _index_and_triggers(db: sqlite3.Connection) -> None:
     db.execute(
         "CREATE INDEX IF NOT EXISTS webhook_events_due ON webhook_events (next_attempt_at) "
         "WHERE delivered_at IS NULL AND abandoned_at IS NULL"
@@ -95,17 +125,17 @@ def _create(db: sqlite3.Connection) -> None:
     # a status change into a terminal state, and a batch inserted already terminal (one that
     # fails validation at creation): both queue the event in the same transaction
     db.execute(
-        "CREATE TRIGGER IF NOT EXISTS webhook_on_terminal AFTER UPDATE OF status ON jobs "
+        f"CREATE TRIGGER IF NOT EXISTS {_TRIGGERS[0]} AFTER UPDATE OF status ON jobs "
         f"WHEN NEW.status IN {_TERMINAL_SQL} AND OLD.status NOT IN {_TERMINAL_SQL} "
         f"BEGIN {_INSERT_EVENT}; END"
     )
     db.execute(
-        "CREATE TRIGGER IF NOT EXISTS webhook_on_terminal_insert AFTER INSERT ON jobs "
+        f"CREATE TRIGGER IF NOT EXISTS {_TRIGGERS[1]} AFTER INSERT ON jobs "
         f"WHEN NEW.status IN {_TERMINAL_SQL} BEGIN {_INSERT_EVENT}; END"
     )
 
 
-SCHEMA = Schema("webhooks", (Migration(1, _create),))
+SCHEMA = Schema("webhooks", (Migration(1, _create), Migration(2, _one_event_per_state)))
 
 
 @dataclass(frozen=True)
@@ -267,20 +297,44 @@ class Deliverer:
     base_delay_s: float = BASE_DELAY_S
     max_delay_s: float = 3600.0
     give_up_after_s: float = 72 * 3600.0
+    max_in_flight_per_tenant: int = MAX_IN_FLIGHT_PER_TENANT
 
     async def run(self) -> None:
-        """Deliver until cancelled."""
+        """Deliver until cancelled: each poll starts the due events of every outbox that has
+        fewer than ``max_in_flight_per_tenant`` on their way, without waiting for them."""
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        sending: dict[int, set[str]] = {i: set() for i in range(len(self.outboxes))}
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            anyio.create_task_group() as tg,
+        ):
             while True:
-                for outbox in self.outboxes:
+                for i, outbox in enumerate(self.outboxes):
+                    ours = sending[i]
+                    if len(ours) >= self.max_in_flight_per_tenant:
+                        continue
                     try:
                         events = await anyio.to_thread.run_sync(outbox.due, time.time())
-                        for event in events:
-                            await self._attempt(session, outbox, event)
                     except Exception:  # a full disk, a bug: never take the server down
-                        logger.exception("webhooks: delivery from %s failed", outbox.db.path)
+                        logger.exception("webhooks: reading %s failed", outbox.db.path)
+                        continue
+                    for event in events:
+                        if len(ours) >= self.max_in_flight_per_tenant:
+                            break
+                        if event.id not in ours:
+                            ours.add(event.id)
+                            tg.start_soon(self._deliver, session, outbox, event, ours)
                 await anyio.sleep(self.poll_s)
+
+    async def _deliver(
+        self, session: aiohttp.ClientSession, outbox: Outbox, event: Event, sending: set[str]
+    ) -> None:
+        try:
+            await self._attempt(session, outbox, event)
+        except Exception:  # a full disk, a bug: never take the server down
+            logger.exception("webhooks: delivery from %s failed", outbox.db.path)
+        finally:
+            sending.discard(event.id)
 
     async def _attempt(self, session: aiohttp.ClientSession, outbox: Outbox, event: Event) -> None:
         body = event.body()
