@@ -262,6 +262,9 @@ def test_idempotency_key_returns_the_same_batch_also_after_a_restart(servers: Se
     first = client.batches.create(**params, extra_headers=key)  # type: ignore[arg-type]
     again = client.batches.create(**params, extra_headers=key)  # type: ignore[arg-type]
     assert again.id == first.id
+    # an empty metadata object is no metadata: the same request
+    empty = client.batches.create(**params, metadata={}, extra_headers=key)  # type: ignore[arg-type]
+    assert empty.id == first.id
     other = client.batches.create(**params, extra_headers={"Idempotency-Key": "another"})  # type: ignore[arg-type]
     assert other.id != first.id
     with pytest.raises(openai.UnprocessableEntityError) as refused:

@@ -68,8 +68,10 @@ async def create_batch(
             param="Idempotency-Key",
         )
     # the request as understood (defaults filled in), not as spelled: a retry that adds or
-    # drops a defaulted field is the same request
-    digest = body_digest(params.model_dump(mode="json"))
+    # drops a defaulted field, or sends no metadata as {}, is the same request
+    understood = params.model_dump(mode="json")
+    understood["metadata"] = understood.get("metadata") or None
+    digest = body_digest(understood)
     async with tenant.create_lock:  # a retry racing the first request waits for its batch
         try:
             known = await to_thread.run_sync(tenant.idempotency.lookup, idempotency_key, digest)
