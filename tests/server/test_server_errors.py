@@ -29,6 +29,7 @@ from batchclient.server import (
     http_protocol,
     tenant_id,
 )
+from batchclient.server._errors import redact_paths
 from batchclient.testing import AppServer, Fault, StubReply, StubServer, free_port
 from batchclient.types import FileObject
 from jobs_util import jsonl, line, wait_sync
@@ -155,6 +156,25 @@ def test_idempotency_compares_the_request_not_its_spelling(servers: Servers) -> 
     assert again.json()["id"] == first.json()["id"]
     other = raw.post("/v1/batches", json={**body, "completion_window": "1h"}, headers=key)
     assert other.status_code == 422 and is_envelope(other)["code"] == "idempotency_key_reused"
+
+
+def test_validation_errors_keep_the_api_paths_they_name(servers: Servers) -> None:
+    """Messages are cut of the server's file paths, not of the API's URLs: a line for
+    ``/v1/completions`` in a chat batch says both URLs."""
+    url = servers.start(api_keys=[KEY_A])
+    client = sdk(url)
+    wrong = line("r0", "hello").replace('"/v1/chat/completions"', '"/v1/completions"')
+    upload = client.files.create(file=("in.jsonl", jsonl([wrong])), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    failed = wait_batch(client, batch.id)
+    assert failed.status == "failed" and failed.errors is not None and failed.errors.data
+    message = failed.errors.data[0].message or ""
+    assert "'/v1/completions'" in message and "'/v1/chat/completions'" in message, message
+    assert redact_paths("see /etc/x.conf and /v1/chat/completions") == (
+        "see <path> and /v1/chat/completions"
+    )
 
 
 @pytest.mark.slow

@@ -48,6 +48,8 @@ ECHO_LIMIT = 200
 MESSAGE_LIMIT = 4000
 """Most characters of any error message this server sends."""
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/<>-])/[^\s'\",:;()\[\]]+")
+_API_PATH = re.compile(r"/v1(?:/[\w.{}-]+)*/?")
+"""An API URL (``/v1/chat/completions``, ``/v1/batches/{id}``): said as it is, not a file."""
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:
@@ -62,11 +64,17 @@ def clip(value: object, limit: int = ECHO_LIMIT) -> str:
 def redact_paths(text: str, roots: Sequence[Path] = ()) -> str:
     """``text`` without absolute paths: each of ``roots`` (the state directories) becomes
     ``<state>`` (so ``<state>/files/...`` still says which file), any other absolute path
-    ``<path>``. For messages sent to clients; the server's log keeps the real paths."""
+    ``<path>``, except the API's own URLs (``/v1/...``). For messages sent to clients; the
+    server's log keeps the real paths."""
     for root in sorted({str(r) for r in roots} | {str(r.resolve()) for r in roots}, key=len)[::-1]:
         if root not in ("", "/"):
             text = text.replace(root, "<state>")
-    return _ABSOLUTE_PATH.sub("<path>", text)
+    return _ABSOLUTE_PATH.sub(_file_path, text)
+
+
+def _file_path(match: re.Match[str]) -> str:
+    path = match.group(0)
+    return path if _API_PATH.fullmatch(path) else "<path>"
 
 
 def redacted_batch(batch: Batch, roots: Sequence[Path]) -> Batch:
