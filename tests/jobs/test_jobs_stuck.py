@@ -318,8 +318,9 @@ def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
     tmp_path: Path,
 ) -> None:
     """A server SIGKILLed while a 3 MiB upload is being written leaves ``.file-*.tmp``; the next
-    start removes it and an old output file's temporary, and leaves alone one that a live
-    writer holds (its lock) and one written a moment ago."""
+    start, right away, removes it and an output file's temporary, and leaves alone one that a
+    live writer holds (its lock) and one being created as the sweep looks (younger than 2 s:
+    its writer may not hold its lock yet)."""
     state, port = tmp_path / "state", free_port()
     files = state / "tenants" / tenant_id(KEY_A) / "files"
     url = f"http://127.0.0.1:{port}"
@@ -342,13 +343,13 @@ def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
                 proc.wait()
             [upload] = staged
             left = upload.stat().st_size
-            old = time.time() - 3600  # as if the crash was an hour ago
-            os.utime(upload, (old, old))
             output = files / ".file-0123-output.4242.tmp"  # an output file cut by a crash
             output.write_bytes(b"{}\n" * 1000)
-            os.utime(output, (old, old))
-            young = files / ".file-young.tmp"  # written a moment ago: maybe a writer's
+            young = files / ".file-young.tmp"  # created as the sweep looks: maybe a writer's
             young.write_bytes(b"y")
+            soon = time.time() + 3600  # (the restart takes seconds: its time set ahead)
+            os.utime(young, (soon, soon))
+            old = time.time() - 3600
             live = files / ".file-live.tmp"  # an old file a live process still writes
             with live.open("wb") as held:
                 fcntl.flock(held.fileno(), fcntl.LOCK_EX)

@@ -22,9 +22,11 @@ from ..types import FileDeleted, FileObject
 from ._lease import hold, remove_if_unlocked
 from ._store import Store, now
 
-STALE_TMP_S = 60.0
+STALE_TMP_S = 2.0
 """A temporary file in ``files/`` is removed at start only when no process holds its lock and
-it has not been written for this many seconds."""
+it has not been written for this many seconds: every writer locks its file the moment it
+creates it, so the age only covers that moment (a server restarted right after a crash sweeps
+what the crash left)."""
 
 _CHUNK = 1024 * 1024
 FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
