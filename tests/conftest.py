@@ -23,7 +23,7 @@ from batchclient import RayBatchInference, VLLMBatchInference
 from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
-from session_servers import SessionServers, shared_url
+from session_servers import SessionServers, publish_users, shared_url
 
 # The session runs several engines at once (the server's, the in-process ones: inline,
 # embeddings, Ray replicas). Each bound to every core by default, their OpenMP threads
@@ -60,6 +60,27 @@ IMPORTED_AT_COLLECTION = pytest.StashKey[list[str]]()
 def pytest_collection_finish(session: pytest.Session) -> None:
     loaded = [name for name in SLOW_IMPORTS if name in sys.modules]
     session.config.stash[IMPORTED_AT_COLLECTION] = loaded
+    publish_users(
+        {
+            "chat": [item.nodeid for item in session.items if _uses_chat_server(item)],
+            "pooling": [item.nodeid for item in session.items if _uses_pooling_server(item)],
+        }
+    )
+
+
+def _uses_chat_server(item: pytest.Item) -> bool:
+    """Whether ``item`` may use the session's chat server (``vllm_url``): its fixtures
+    name it, or a fixture asks for it by name (``provider``, ``float32_url``), or it is in
+    the server group."""
+    callspec = getattr(item, "callspec", None)
+    remote = callspec is not None and callspec.params.get("provider") == "remote"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return remote or bool(fixtures & {"vllm_url", "float32_url"}) or _in_group(item) == SERVER_GROUP
+
+
+def _uses_pooling_server(item: pytest.Item) -> bool:
+    """Whether ``item`` may use the session's embedding server (``pooling_url``)."""
+    return "pooling_url" in getattr(item, "fixturenames", ()) or _in_group(item) == POOLING_GROUP
 
 
 SERVER_GROUP, ENGINE_GROUP, POOLING_GROUP = "vllm-server", "vllm-engine", "vllm-pooling"
@@ -167,7 +188,8 @@ POOLING_SERVER: dict[str, Any] = {
     "max_model_len": 1024,
     "runner": "pooling",
     "convert": "embed",
-    "env": {"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    "kv_cache_memory_bytes": 256 << 20,
+    "env": {"VLLM_CPU_OMP_THREADS_BIND": SERVER_BINDING},
 }
 """The session's embedding server (``pooling_url``)."""
 
@@ -194,6 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
     servers = SessionServers(specs)
     servers.start()  # before pytest-xdist starts the workers, which inherit where they are
     config.stash[_SERVERS] = servers
+    config.pluginmanager.register(servers, "batchclient-session-servers")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -218,7 +241,7 @@ def vllm_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pooling_url() -> Iterator[str]:
     """Base URL of a real vLLM server with the bundled model as an embedding model
-    (``runner="pooling", convert="embed"``, ``max_model_len`` 1024, a 1 GiB KV cache)."""
+    (``runner="pooling", convert="embed"``, ``max_model_len`` 1024, a 256 MiB KV cache)."""
     yield from _server("pooling", POOLING_SERVER)
 
 
