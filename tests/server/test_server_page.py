@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from batchclient.remote import RemoteProvider
-from batchclient.server import _page_render, create_app
+from batchclient.server import _page, _page_render, create_app
 from batchclient.testing import AppServer, Fault, StubReply, StubServer
 from chromium_util import CHROMIUM, SKIP_REASON, Chromium
 from jobs_util import jsonl, line
@@ -105,6 +105,37 @@ def test_the_page_names_no_path_of_the_server(tmp_path: Path) -> None:
         html = httpx.get(f"{url}/").text
     assert "cannot write &lt;state&gt;/files/out.jsonl (see &lt;path&gt;)" in html, html
     assert str(tmp_path) not in html and "/etc/" not in html
+
+
+def test_one_tenants_sign_ins_never_sign_another_out() -> None:
+    """Each tenant keeps its newest sessions: a tenant signing in over and over forgets only
+    its own oldest (a shared cap let 10,050 sign-ins of one tenant drop every other's)."""
+    sessions = _page.Sessions()
+    b = sessions.open("b")
+    a = [sessions.open("a") for _ in range(_page.MAX_SESSIONS_PER_TENANT + 50)]
+    assert sessions.tenant(b) == "b"
+    assert sessions.tenant(a[-1]) == "a" and sessions.tenant(a[0]) is None
+    sessions.close(b)
+    assert sessions.tenant(b) is None
+
+
+def test_sign_in_attempts_are_limited_per_client_address(tmp_path: Path) -> None:
+    """20 attempts a minute from one address, then 429 with Retry-After, even with the right
+    key; another address still signs in."""
+    with _stub() as stub, AppServer(_app(stub, tmp_path, [KEY_A])) as url:
+        with httpx.Client(base_url=url) as browser:
+            codes = [
+                browser.post("/signin", data={"key": f"wrong-key-{i:011d}"}).status_code
+                for i in range(_page.MAX_SIGNINS)
+            ]
+            refused = browser.post("/signin", data={"key": KEY_A})
+        local = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=url, transport=local) as other:
+            elsewhere = other.post("/signin", data={"key": KEY_A})
+    assert codes == [401] * _page.MAX_SIGNINS
+    assert refused.status_code == 429 and is_envelope(refused)["code"] == "rate_limit_exceeded"
+    assert 0 < int(refused.headers["retry-after"]) <= 60
+    assert elsewhere.status_code == 303
 
 
 def test_with_keys_the_page_signs_in_with_a_session_cookie_that_opens_only_the_page(

@@ -10,16 +10,20 @@ An ASGI middleware outside :class:`~._middleware.Authenticate` answers ``GET /``
   derived from it) that is ``HttpOnly``, ``SameSite=Strict``, ``Path=/`` (and ``Secure`` over
   HTTPS), valid :data:`SESSION_S` seconds; the server keeps ``token -> tenant`` in memory, so a
   restart signs everyone out. The cookie opens only this page, never an API route, so a page
-  elsewhere cannot use it to act on the API.
+  elsewhere cannot use it to act on the API. Each tenant keeps its
+  :data:`MAX_SESSIONS_PER_TENANT` newest sessions, so no tenant's sign-ins sign another out;
+  each client address gets :data:`MAX_SIGNINS` sign-in attempts per :data:`SIGNIN_WINDOW_S`
+  seconds, then 429 with ``Retry-After`` (a key cannot be guessed at speed).
 
 Answers carry ``Cache-Control: no-store`` and a content security policy allowing no script.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -39,8 +43,15 @@ from ._tenants import Tenant, Tenants
 COOKIE = "batchclient_session"
 SESSION_S = 12 * 3600
 """How long a sign-in lasts."""
-MAX_SESSIONS = 10_000
-"""Sessions kept at most (the oldest are forgotten first)."""
+MAX_SESSIONS_PER_TENANT = 100
+"""Sessions kept per tenant (its oldest are forgotten first)."""
+MAX_SIGNINS = 20
+SIGNIN_WINDOW_S = 60.0
+"""Sign-in attempts allowed per client address in any ``SIGNIN_WINDOW_S`` seconds."""
+MAX_ADDRESSES = 10_000
+"""Client addresses whose recent sign-ins are remembered (the least recent are forgotten)."""
+MAX_ENDED = 10_000
+"""Finished batches whose failed lines are kept in memory for the page."""
 MAX_FORM_BYTES = 4096
 MAX_FORM_FIELDS = 10
 """The sign-in form's limits; a longer form gets 400 in OpenAI's error envelope."""
@@ -63,16 +74,21 @@ _HEADERS = {
 
 
 class Sessions:
-    """``token -> (tenant id, expiry)``, in memory."""
+    """``token -> (tenant id, expiry)``, in memory, at most :data:`MAX_SESSIONS_PER_TENANT`
+    per tenant."""
 
     def __init__(self) -> None:
-        self._by_token: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._by_token: dict[str, tuple[str, float]] = {}
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # oldest first
 
     def open(self, tenant: str) -> str:
         token = secrets.token_urlsafe(32)
         self._by_token[token] = (tenant, time.monotonic() + SESSION_S)
-        while len(self._by_token) > MAX_SESSIONS:
-            self._by_token.popitem(last=False)
+        own = self._by_tenant.setdefault(tenant, OrderedDict())
+        own[token] = None
+        while len(own) > MAX_SESSIONS_PER_TENANT:
+            oldest, _ = own.popitem(last=False)
+            self._by_token.pop(oldest, None)
         return token
 
     def tenant(self, token: str | None) -> str | None:
@@ -83,13 +99,35 @@ class Sessions:
             return None
         tenant, expires = found
         if expires < time.monotonic():
-            del self._by_token[token]
+            self.close(token)
             return None
         return tenant
 
     def close(self, token: str | None) -> None:
-        if token:
-            self._by_token.pop(token, None)
+        found = self._by_token.pop(token, None) if token else None
+        if found is not None:
+            self._by_tenant[found[0]].pop(str(token), None)
+
+
+class SignIns:
+    """Sign-in attempts by client address over the last :data:`SIGNIN_WINDOW_S` seconds."""
+
+    def __init__(self) -> None:
+        self._by_address: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait_s(self, address: str) -> float:
+        """0 and the attempt counted, or the seconds until ``address`` may try again."""
+        now = time.monotonic()
+        recent = self._by_address.pop(address, None) or deque()
+        while recent and recent[0] <= now - SIGNIN_WINDOW_S:
+            recent.popleft()
+        self._by_address[address] = recent  # the most recent last
+        while len(self._by_address) > MAX_ADDRESSES:
+            self._by_address.popitem(last=False)
+        if len(recent) >= MAX_SIGNINS:
+            return recent[0] + SIGNIN_WINDOW_S - now
+        recent.append(now)
+        return 0.0
 
 
 class StatusPage:
@@ -97,6 +135,7 @@ class StatusPage:
         self.app = app
         self.tenants = tenants
         self.sessions = Sessions()
+        self.sign_ins = SignIns()
         self._by_id = {t.id: t for t in tenants.tenants}
         # the failures of finished batches, by id (they change no more): see _failures
         self._ended: OrderedDict[tuple[str, str, int, int], tuple[list[LineError], int]] = (
@@ -130,6 +169,14 @@ class StatusPage:
     async def sign_in(self, request: Request) -> Response:
         if not self.tenants.keyed:
             return RedirectResponse(scope_root(request) + "/", status_code=303)
+        wait = self.sign_ins.wait_s(request.client.host if request.client else "")
+        if wait > 0:
+            return error_response(
+                429,
+                f"too many sign-in attempts from this address: try again in {math.ceil(wait)} s",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
         body = b""
         try:
             async for chunk in request.stream():
@@ -221,7 +268,7 @@ class StatusPage:
             for batch in todo:
                 if batch.status.terminal:
                     self._ended[_seen_as(batch)] = found[batch.id]
-            while len(self._ended) > MAX_SESSIONS:
+            while len(self._ended) > MAX_ENDED:
                 self._ended.popitem(last=False)
         return {b.id: found.get(b.id) or self._ended[_seen_as(b)] for b in failing}
 
