@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,6 +49,50 @@ def test_serve_refuses_an_open_address_without_keys_and_bad_keys(
     monkeypatch.setenv("BATCHCLIENT_API_KEYS", "bad key with spaces, and more")
     assert main(base) == 2
     assert "visible ASCII" in capsys.readouterr().err
+
+
+def _serve_with_file_limit(
+    stub_url: str, state: Path, port: int, keys: list[str], soft: int, hard: int
+) -> subprocess.Popen[bytes]:
+    """``batchclient serve`` with ``keys`` under an open-files limit of ``soft`` / ``hard``."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    args = ["serve", "--base-url", stub_url, "--port", str(port), "--state-dir", str(state)]
+    for key in keys:
+        args += ["--api-key", key]
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchclient.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=limit,
+    )
+
+
+@pytest.mark.slow
+def test_many_keys_raise_the_open_files_limit_or_are_refused_in_one_line(
+    stub: StubServer, tmp_path: Path
+) -> None:
+    """60 tenants may hold more files than a soft limit of 300 allows: the server raises it to
+    the hard limit and serves; under a hard limit of 300 it refuses at once, in one line
+    saying what to do (it hung at start, neither serving nor saying why)."""
+    keys = [KEY_A, *(f"tenant-key-{i:012d}" for i in range(59))]
+    port = free_port()
+    proc = _serve_with_file_limit(stub.url, tmp_path / "raised", port, keys, 300, 4096)
+    try:
+        ready(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    refused = _serve_with_file_limit(stub.url, tmp_path / "capped", free_port(), keys, 300, 300)
+    out, _ = refused.communicate(timeout=60)
+    assert refused.returncode == 2, out
+    lines = out.decode().strip().splitlines()
+    assert len(lines) == 1 and "60 key(s) need about 948 open files" in lines[0], lines
+    assert "the limit (ulimit -n) is 300" in lines[0]
 
 
 pytestmark = pytest.mark.stub(

@@ -153,20 +153,46 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 FILES_KEPT = 128 + 100
 """File descriptors kept for the server's own use (databases, upstream connections, logs) and
 for connections accepted at once before they are counted (the listen backlog, 100)."""
+FILES_PER_TENANT = 12
+"""File descriptors one tenant may hold: its jobs database, the webhook outbox's connection to
+it, its idempotency keys and result cache (SQLite in WAL mode: the database, ``-wal`` and
+``-shm`` each), its owner lock (6 measured with a webhook, before the last two are opened)."""
 
 
-def _within_file_limit(wanted: int) -> int:
-    """``wanted`` connections, lowered to fit the open-files limit: past it, every accept fails
-    and asyncio logs a traceback for each (hundreds of MB a minute), and nothing is answered."""
+def _raise_file_limit() -> int | None:
+    """Raise this process's open-files limit (``ulimit -n``) to its hard limit, as far as the
+    system lets it; the limit now, or None where there is none (or no such thing)."""
     try:
         import resource
 
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):  # not POSIX
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _within_file_limit(wanted: int, tenants: int) -> int:
+    """``wanted`` connections, lowered to fit the open-files limit (raised to its hard limit
+    first) beside ``tenants`` tenants' files: past it, every accept fails and asyncio logs a
+    traceback for each (hundreds of MB a minute), and nothing is answered.
+
+    Raises:
+        ConfigurationError: the tenants' files alone would not fit.
+    """
+    limit = _raise_file_limit()
+    if limit is None:
         return wanted
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - FILES_KEPT))
+    reserved = FILES_KEPT + FILES_PER_TENANT * tenants
+    if reserved >= limit:
+        raise ConfigurationError(
+            f"{tenants} key(s) need about {reserved} open files and the limit (ulimit -n) is "
+            f"{limit}: raise the limit, or serve fewer keys per server"
+        )
+    return max(1, min(wanted, limit - reserved))
 
 
 def api_keys(args: argparse.Namespace) -> list[str]:
@@ -206,7 +232,7 @@ def serve_command(args: argparse.Namespace) -> int:
     ):
         if not value > 0:
             raise ConfigurationError(f"{flag} must be > 0")
-    max_connections = _within_file_limit(args.max_connections)
+    max_connections = _within_file_limit(args.max_connections, max(1, len(keys)))
     hosts = list(args.allowed_hosts)
     if args.host not in WILDCARDS:
         hosts.append(args.host)
@@ -234,8 +260,9 @@ def serve_command(args: argparse.Namespace) -> int:
     if max_connections < args.max_connections:
         log.warning(
             "--max-connections %d lowered to %d: the open-files limit (ulimit -n) is %d and the "
-            "server needs files of its own; raise the limit to allow more",
-            args.max_connections, max_connections, max_connections + FILES_KEPT,
+            "server and its %d tenant(s) need files of their own; raise the limit to allow more",
+            args.max_connections, max_connections,
+            max_connections + FILES_KEPT + FILES_PER_TENANT * max(1, len(keys)), max(1, len(keys)),
         )  # fmt: skip
     args.max_connections = max_connections
     if args.host in WILDCARDS and not args.allowed_hosts:
