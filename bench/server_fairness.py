@@ -12,15 +12,15 @@ and whether A was still running when B finished. A is cancelled after each round
 
 ``--calls N`` measures one-request calls against batches instead, both ways: B's ``--small``
 -line batch alone and while A keeps N one-request calls in flight (N loops, each sending its
-next call when its last is answered); then B's one-request calls, one at a time, alone and
-while A's ``--large``-line batch runs (median latency of ``--b-calls`` calls). With N above
-``--max-concurrency`` the calls alone could hold every slot.
+next call when its last is answered, for at most 30 s); then B's one-request calls, one at a
+time, alone and while A's ``--large``-line batch runs (median latency of ``--b-calls``
+calls). With N above ``--max-concurrency`` the calls alone could hold every slot.
 
 ``--src DIR`` runs the server from another source tree (an older checkout, to compare with
 first come, first served).
 
     python bench/server_fairness.py [--small 20] [--large 20000] [--repeats 3]
-    python bench/server_fairness.py --calls 48 --max-concurrency 32 --small 200
+    python bench/server_fairness.py --calls 48 --max-concurrency 8 --small 200
 
 Writes bench/results/server_fairness[_<a-batches>|_calls][_<label>].json (``_<label>`` with
 ``--src``).
@@ -141,14 +141,21 @@ def _call(client: openai.OpenAI, text: str) -> float:
     return time.perf_counter() - started
 
 
+CALLS_FOR_S = 30.0
+"""A's calls stop after this long even if B's batch has not finished (where calls go first,
+it would wait for them for ever)."""
+
+
 @contextmanager
 def _calls_in_flight(client: openai.OpenAI, n: int) -> Iterator[list[int]]:
-    """``n`` loops of one-request calls until the block ends; yields the count answered."""
+    """``n`` loops of one-request calls until the block ends (at most :data:`CALLS_FOR_S`);
+    yields the count answered."""
     answered = [0]
     stop = threading.Event()
+    deadline = time.perf_counter() + CALLS_FOR_S
 
     def loop(i: int) -> None:
-        while not stop.is_set():
+        while not stop.is_set() and time.perf_counter() < deadline:
             _call(client, f"call of loop {i}")
             answered[0] += 1
 
