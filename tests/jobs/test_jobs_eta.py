@@ -1,6 +1,10 @@
-"""The ETA of a running batch against the truth: a steady batch (a stub of fixed latency, a
-fixed concurrency limit) observed every tenth of a second while it runs, each ``eta_s`` compared
-with how long the batch really took from that moment on."""
+"""The ETA of a running batch, end to end: a steady batch (a stub of fixed latency, a fixed
+concurrency limit) observed every tenth of a second while it runs; the rate each ``progress``
+gives is compared with the rate the batch really ran at up to that moment (from its first
+answer, as the stub saw it). The future is not the yardstick: a machine busy with other work
+speeds the rest of a batch up or slows it down (0.8x and 1.4x were measured beside the vLLM
+tests), which no estimate can know; the arithmetic of the smoothing is checked on a fake clock
+in ``tests/server/test_server_ops.py``."""
 
 from __future__ import annotations
 
@@ -22,12 +26,13 @@ LINES = 240  # 40 lines/s: a 6-second batch
 
 @pytest.mark.slow
 async def test_the_eta_of_a_steady_batch_is_right_from_its_first_seconds(tmp_path: Path) -> None:
-    """From 1 s to 2.5 s into a 6 s batch, the ETA is within 1.2x of the time the batch
-    really took to finish from then (the first rate came from the whole-second
+    """From 1 s to 2.5 s into a batch, the rate behind the ETA is within 1.25x of the rate
+    the batch ran at since its first answer (the first rate came from the whole-second
     ``in_progress_at``, start-up and the first requests' latency included, and stayed for
-    minutes: 1.6x too long for a batch started late in a second, which this one is on
-    purpose)."""
-    observed: list[tuple[float, float]] = []  # (time, eta_s)
+    minutes: 1.6x too slow for a batch started late in a second, which this one is on
+    purpose), and the ETA is the lines left at that rate."""
+    observed: list[tuple[float, int, float, float]] = []  # (time, lines done, rate, eta_s)
+    to_unix = time.time() - time.monotonic()
     with StubServer(latency_s=LATENCY_S) as stub:
         async with RemoteBatchInference(
             stub.url, max_concurrency=IN_FLIGHT, adaptive=False, state_dir=tmp_path
@@ -44,19 +49,20 @@ async def test_the_eta_of_a_steady_batch_is_right_from_its_first_seconds(tmp_pat
                     now = time.time()
                     batch = await client.batches.retrieve(batch.id)
                     counts = batch.request_counts
-                    if counts.total and counts.completed + counts.failed == counts.total:
-                        finished = now
+                    done = counts.completed + counts.failed
+                    if counts.total and done == counts.total:
                         break
-                    if batch.progress is not None and batch.progress.eta_s is not None:
-                        observed.append((now, batch.progress.eta_s))
+                    progress = batch.progress
+                    if progress is not None and progress.requests_per_s and progress.eta_s:
+                        observed.append((now, done, progress.requests_per_s, progress.eta_s))
                     await anyio.sleep(0.1)
             await client.batches.wait(batch.id)
+        first_answer = to_unix + min(stub.stats.arrivals) + LATENCY_S
     assert stub.stats.by_status[200] == LINES
-    ratios = [eta / (finished - t) for t, eta in observed if 1.0 <= t - begun <= 2.5]
-    assert len(ratios) >= 8, observed
-    # The fault this guards against made the ETA too long (1.6x). A machine busy with other
-    # work stretches the rest of the batch after the ETA was given, which makes the ETA read
-    # short (0.8x measured beside the vLLM tests): the bounds are loose on that side only.
-    within = [0.7 <= r <= 1.2 for r in ratios]
-    assert sum(within) >= 0.8 * len(ratios) and min(ratios) >= 0.5 and max(ratios) <= 1.35, ratios
-    assert 0.75 <= statistics.median(ratios) <= 1.15, ratios
+    young = [o for o in observed if 1.0 <= o[0] - begun <= 2.5]
+    assert len(young) >= 8, observed
+    ratios = [rate / (done / (t - first_answer)) for t, done, rate, _ in young]
+    assert all(0.7 <= r <= 1.4 for r in ratios), ratios
+    assert 0.8 <= statistics.median(ratios) <= 1.25, ratios
+    for _, done, rate, eta_s in young:
+        assert eta_s == pytest.approx((LINES - done) / rate, rel=0.05)

@@ -116,7 +116,8 @@ async def test_the_limit_follows_a_capacity_that_grows_and_shrinks() -> None:
 async def test_a_quota_in_any_header_family_is_used_without_429s(style: str) -> None:
     """20 requests per window (0.5 s; 1 s on the wall clock for epoch resets) announced as each
     family writes it: no more than the window allows, and at most one 429 per window where
-    the server announces no reset (Azure: a refusal's ``retry-after-ms`` tells it)."""
+    the server announces no reset (Azure: a refusal's ``retry-after-ms`` tells it) or only
+    its whole second (epoch)."""
     period = 1.0 if style == "epoch" else 0.5
     with StubServer(
         latency_s=0.02, quota=(20, period), quota_style=style, quota_retry_after=True
@@ -127,7 +128,10 @@ async def test_a_quota_in_any_header_family_is_used_without_429s(style: str) -> 
             elapsed = time.monotonic() - started
     assert all(r.error is None for r in result.batch)
     windows = elapsed / period + 1
-    allowed = 1 + (windows if style == "azure" else 1)
+    # Azure announces no reset; an epoch reset (a wall-clock second, which the client waits
+    # for on its monotonic clock) may be met a moment early on a loaded machine: in both, at
+    # most one refusal per window
+    allowed = 1 + (windows if style in ("azure", "epoch") else 1)
     refused = stub.stats.by_status[429]
     assert refused <= allowed, (stub.stats.by_status, elapsed)
     # the quota is used, not left idle: at most a window lost to each refusal (a loaded machine
