@@ -309,3 +309,23 @@ async def test_300_conversations_finishing_out_of_order_keep_their_answers() -> 
     for i, item in enumerate(result.batch):
         assert item.custom_id == f"r{i}"
         assert item.text.endswith(f"TOKEN-{i}")
+
+
+async def test_a_request_that_cannot_be_json_is_its_items_invalid_request() -> None:
+    """A lone surrogate (a Python string may hold one) or an integer past 64 bits cannot be
+    sent as JSON: that item's ``invalid_request`` saying why, nothing sent for it, and the
+    others answered (it was an ``internal_error`` naming a TypeError)."""
+    with StubServer(record_bodies=True) as stub:
+        async with RemoteBatchInference(stub.url) as client:
+            result = await client.batch_chat_completion(
+                "smollm2", [convo("a\ud800b"), convo("fine"), convo("also fine")]
+            )
+            huge = await client.batch_chat_completion(
+                "smollm2", [convo("x")], SamplingParams(max_tokens=1 << 64)
+            )
+    bad, *good = result.batch
+    assert bad.error is not None and bad.error.code == "invalid_request"
+    assert "not valid UTF-8" in bad.error.message and "lone surrogates" in bad.error.message
+    assert [r.text for r in good] == ["echo: fine", "echo: also fine"]
+    assert huge.batch[0].error is not None and huge.batch[0].error.code == "invalid_request"
+    assert [b["messages"][0]["content"] for b in stub.stats.bodies] == ["fine", "also fine"]

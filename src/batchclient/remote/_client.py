@@ -290,7 +290,9 @@ class RemoteProvider(Provider):
             return await self._embedding_groups.execute(body)
         # what ``_send_embeddings`` does, inlined: one coroutine less per request on the hot path
         model = str(body.get("model"))
-        data = orjson.dumps(body)
+        data = _encoded(body)
+        if isinstance(data, Result):
+            return data
         path = _PATHS[endpoint]  # below the API root: "/v1/chat/completions" -> "/chat/..."
         # the shared prefix's key, for replica affinity (one replica: nothing to choose)
         key = (
@@ -311,7 +313,9 @@ class RemoteProvider(Provider):
         retries of every request."""
         endpoint = Endpoint.embeddings
         model = str(body.get("model"))
-        data = orjson.dumps(body)
+        data = _encoded(body)
+        if isinstance(data, Result):
+            return data
         path = _PATHS[endpoint]
         try:
             return await self._attempt(model, path, body, data, endpoint, None)
@@ -480,6 +484,21 @@ class RemoteProvider(Provider):
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
+
+
+def _encoded(body: dict[str, Any]) -> bytes | Result:
+    """``body`` as JSON bytes, or the item's ``invalid_request`` when it cannot be JSON: text
+    that is not valid Unicode (a lone surrogate such as ``"\\ud800"``, which Python strings
+    may hold), an integer past 64 bits, an object JSON has no form for."""
+    try:
+        return orjson.dumps(body)
+    except TypeError as exc:  # orjson.JSONEncodeError is one
+        return failed(
+            ErrorCode.invalid_request,
+            f"the request cannot be sent as JSON: {exc} (text must be valid Unicode, without "
+            "lone surrogates; integers within 64 bits)",
+            status_code=400,
+        )
 
 
 def _told_when(failure: RetryableFailure) -> bool:
