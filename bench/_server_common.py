@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import _jobs_common
 from _jobs_common import child_env
 from batchclient.testing import free_port
 
@@ -56,3 +59,16 @@ def serve(base_url: str, state: Path, *extra: str) -> Iterator[tuple[str, subpro
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def add_src_options(p: argparse.ArgumentParser) -> None:
+    """``--src DIR`` (run the server from another source tree, to compare) and ``--label``."""
+    p.add_argument("--src", default=None, help="run the server from this source tree")
+    p.add_argument("--label", default="baseline", help="result name suffix with --src")
+
+
+def use_src(src: str | None) -> None:
+    """Run the servers this benchmark starts from ``src`` (a checkout's ``src`` folder)."""
+    if src:
+        _jobs_common.SRC = Path(src).resolve()
+        os.environ["PYTHONPATH"] = str(_jobs_common.SRC)

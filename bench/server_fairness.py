@@ -29,24 +29,36 @@ Writes bench/results/server_fairness[_<a-batches>|_calls][_<label>].json (``_<la
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import openai
 
 from _jobs_common import request_line, save, stub_process
-from _server_common import serve
+from _server_common import add_src_options, serve, use_src
 
 KEY_A = "bench-tenant-a-0123456789"
 KEY_B = "bench-tenant-b-9876543210"
 POLL_S = 0.02
+
+
+@contextmanager
+def _two_tenants(capacity: int) -> Iterator[tuple[Path, openai.OpenAI, openai.OpenAI]]:
+    """``batchclient serve --max-concurrency CAPACITY`` over the stub (50 ms) with two keys;
+    yields a temporary folder and the SDK clients of tenants A and B."""
+    with tempfile.TemporaryDirectory() as name, stub_process(latency_s=0.05) as stub:
+        tmp = Path(name)
+        extra = ("--max-concurrency", str(capacity), "--api-key", KEY_A, "--api-key", KEY_B)
+        with serve(stub, tmp / "state", *extra) as (url, _):
+            a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0)
+            b = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
+            yield tmp, a, b
 
 
 def _upload(client: openai.OpenAI, path: Path, n: int) -> str:
@@ -80,44 +92,40 @@ def measure(
     small: int, large: int, a_batches: int, repeats: int, head_start: float, capacity: int
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as name, stub_process(latency_s=0.05) as stub:
-        tmp = Path(name)
-        extra = ("--max-concurrency", str(capacity), "--api-key", KEY_A, "--api-key", KEY_B)
-        with serve(stub, tmp / "state", *extra) as (url, _):
-            a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0)
-            b = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
-            a_file = _upload(a, tmp / "a.jsonl", large // a_batches)
-            b_file = _upload(b, tmp / "b.jsonl", small)
-            _run_b(b, b_file)  # warm-up: connections, the model check, the adaptive limit
-            for _ in range(repeats):
-                alone_s, _batch = _run_b(b, b_file)
-                big = [
-                    a.batches.create(
-                        input_file_id=a_file,
-                        endpoint="/v1/chat/completions",
-                        completion_window="24h",
-                    ).id
-                    for _ in range(a_batches)
-                ]
-                time.sleep(head_start)
-                a_before = sum(_done(a, batch_id)[0] for batch_id in big)
-                t0 = time.perf_counter()
-                shared_s, _batch = _run_b(b, b_file)
-                during = [_done(a, batch_id) for batch_id in big]
-                took = time.perf_counter() - t0
-                a_after = sum(done for done, _ in during)
-                for batch_id in big:
+    with _two_tenants(capacity) as (tmp, a, b):
+        a_file = _upload(a, tmp / "a.jsonl", large // a_batches)
+        b_file = _upload(b, tmp / "b.jsonl", small)
+        _run_b(b, b_file)  # warm-up: connections, the model check, the adaptive limit
+        for _ in range(repeats):
+            alone_s, _batch = _run_b(b, b_file)
+            big = [
+                a.batches.create(
+                    input_file_id=a_file,
+                    endpoint="/v1/chat/completions",
+                    completion_window="24h",
+                ).id
+                for _ in range(a_batches)
+            ]
+            time.sleep(head_start)
+            a_before = sum(_done(a, batch_id)[0] for batch_id in big)
+            t0 = time.perf_counter()
+            shared_s, _batch = _run_b(b, b_file)
+            during = [_done(a, batch_id) for batch_id in big]
+            took = time.perf_counter() - t0
+            a_after = sum(done for done, _ in during)
+            for batch_id in big:
+                with suppress(openai.ConflictError):  # finished meanwhile: nothing to stop
                     a.batches.cancel(batch_id)
-                rows.append(
-                    {
-                        "alone_s": alone_s,
-                        "with_large_s": shared_s,
-                        "a_lines_during_b": a_after - a_before,
-                        "a_rate_before_per_s": a_before / head_start,
-                        "a_rate_during_b_per_s": (a_after - a_before) / took,
-                        "a_still_running": all(status == "in_progress" for _, status in during),
-                    }
-                )
+            rows.append(
+                {
+                    "alone_s": alone_s,
+                    "with_large_s": shared_s,
+                    "a_lines_during_b": a_after - a_before,
+                    "a_rate_before_per_s": a_before / head_start,
+                    "a_rate_during_b_per_s": (a_after - a_before) / took,
+                    "a_still_running": all(status == "in_progress" for _, status in during),
+                }
+            )
     alone = statistics.median(r["alone_s"] for r in rows)
     shared = statistics.median(r["with_large_s"] for r in rows)
     return {
@@ -175,40 +183,36 @@ def measure_calls(
     capacity: int,
 ) -> dict[str, Any]:  # fmt: skip
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as name, stub_process(latency_s=0.05) as stub:
-        tmp = Path(name)
-        extra = ("--max-concurrency", str(capacity), "--api-key", KEY_A, "--api-key", KEY_B)
-        with serve(stub, tmp / "state", *extra) as (url, _):
-            a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0)
-            b = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
-            a_file = _upload(a, tmp / "a.jsonl", large)
-            b_file = _upload(b, tmp / "b.jsonl", small)
-            _run_b(b, b_file)  # warm-up: connections, the model check, the adaptive limit
-            for _ in range(repeats):
-                alone_s, _batch = _run_b(b, b_file)
-                with _calls_in_flight(a, calls) as answered:
-                    time.sleep(head_start)
-                    before = answered[0]
-                    shared_s, _batch = _run_b(b, b_file)
-                    a_calls_during = answered[0] - before
-                call_alone = statistics.median(_call(b, "alone") for _ in range(b_calls))
-                big = a.batches.create(
-                    input_file_id=a_file, endpoint="/v1/chat/completions", completion_window="24h"
-                ).id
+    with _two_tenants(capacity) as (tmp, a, b):
+        a_file = _upload(a, tmp / "a.jsonl", large)
+        b_file = _upload(b, tmp / "b.jsonl", small)
+        _run_b(b, b_file)  # warm-up: connections, the model check, the adaptive limit
+        for _ in range(repeats):
+            alone_s, _batch = _run_b(b, b_file)
+            with _calls_in_flight(a, calls) as answered:
                 time.sleep(head_start)
-                call_shared = statistics.median(_call(b, "beside") for _ in range(b_calls))
-                a_running = _done(a, big)[1] == "in_progress"
+                before = answered[0]
+                shared_s, _batch = _run_b(b, b_file)
+                a_calls_during = answered[0] - before
+            call_alone = statistics.median(_call(b, "alone") for _ in range(b_calls))
+            big = a.batches.create(
+                input_file_id=a_file, endpoint="/v1/chat/completions", completion_window="24h"
+            ).id
+            time.sleep(head_start)
+            call_shared = statistics.median(_call(b, "beside") for _ in range(b_calls))
+            a_running = _done(a, big)[1] == "in_progress"
+            with suppress(openai.ConflictError):  # finished meanwhile: nothing to stop
                 a.batches.cancel(big)
-                rows.append(
-                    {
-                        "b_batch_alone_s": alone_s,
-                        "b_batch_beside_calls_s": shared_s,
-                        "a_calls_during_b": a_calls_during,
-                        "b_call_alone_s": call_alone,
-                        "b_call_beside_batch_s": call_shared,
-                        "a_batch_still_running": a_running,
-                    }
-                )
+            rows.append(
+                {
+                    "b_batch_alone_s": alone_s,
+                    "b_batch_beside_calls_s": shared_s,
+                    "a_calls_during_b": a_calls_during,
+                    "b_call_alone_s": call_alone,
+                    "b_call_beside_batch_s": call_shared,
+                    "a_batch_still_running": a_running,
+                }
+            )
 
     def median(key: str) -> float:
         return float(statistics.median(r[key] for r in rows))
@@ -240,14 +244,9 @@ def main() -> None:
     p.add_argument("--max-concurrency", type=int, default=64, help="the server's (default 64)")
     p.add_argument("--calls", type=int, default=0, help="A's calls in flight (the calls mode)")
     p.add_argument("--b-calls", type=int, default=20, help="B's calls per round (calls mode)")
-    p.add_argument("--src", default=None, help="run the server from this source tree")
-    p.add_argument("--label", default="baseline", help="result name suffix with --src")
+    add_src_options(p)
     args = p.parse_args()
-    if args.src:
-        import _jobs_common
-
-        _jobs_common.SRC = Path(args.src).resolve()
-        os.environ["PYTHONPATH"] = str(_jobs_common.SRC)
+    use_src(args.src)
     if args.calls:
         figures = measure_calls(
             args.calls, args.small, args.large, args.b_calls, args.repeats, args.head_start,

@@ -18,7 +18,6 @@ Writes bench/results/server_poison[_<label>].json (``_<label>`` with ``--src``).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 
 from _jobs_common import save
-from _server_common import serve
+from _server_common import add_src_options, serve, use_src
 from batchclient.testing import Fault, StubReply, StubServer
 
 KEY_A = "bench-tenant-a-0123456789"
@@ -95,14 +94,9 @@ def main() -> None:
     p.add_argument("--poison", type=int, default=4, help="tenant A's poison calls (default 4)")
     p.add_argument("--calls", type=int, default=3, help="tenant B's calls per round (default 3)")
     p.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
-    p.add_argument("--src", default=None, help="run the server from this source tree")
-    p.add_argument("--label", default="baseline", help="result name suffix with --src")
+    add_src_options(p)
     args = p.parse_args()
-    if args.src:
-        import _jobs_common
-
-        _jobs_common.SRC = Path(args.src).resolve()
-        os.environ["PYTHONPATH"] = str(_jobs_common.SRC)
+    use_src(args.src)
     figures = measure(args.poison, args.calls, args.repeats)
     figures["target"] = "stub in this process, 50 ms latency; serve --max-retries 1, two keys"
     figures["server_src"] = "another checkout" if args.src else "this checkout"

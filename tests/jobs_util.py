@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from batchclient.remote import RetryPolicy
+from batchclient.testing import StubServer
 
 FAST: dict[str, Any] = {"retry": RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)}
 
@@ -82,3 +84,29 @@ def done_in_db(state: Path) -> int:
         except sqlite3.OperationalError:
             return 0
     return int(row[0])
+
+
+@asynccontextmanager
+async def output_folder_blocked(stub: StubServer, files: Path) -> AsyncIterator[None]:
+    """While inside, a file stands where the folder of output files (``files``) should be: put
+    there once ``stub`` got the batch's first request (its input file is open by then), the
+    folder put back on leaving."""
+    with anyio.fail_after(30):
+        while stub.stats.requests == 0:
+            await anyio.sleep(0.01)
+    moved = files.with_name(files.name + ".moved")
+    _swap(files, moved, "a file where the folder of output files should be")
+    try:
+        yield
+    finally:
+        _swap(moved, files, None)
+
+
+def _swap(folder: Path, to: Path, blocker: str | None) -> None:
+    """Move ``folder`` to ``to``; leave a file saying ``blocker`` in its place, or (None) take
+    the file at ``to`` away first."""
+    if blocker is None:
+        to.unlink()
+    folder.rename(to)
+    if blocker is not None:
+        folder.write_text(blocker)

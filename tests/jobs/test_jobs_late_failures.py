@@ -23,7 +23,7 @@ from batchclient import BatchChatCompletionResponse, ErrorCode, RemoteBatchInfer
 from batchclient.cli import main
 from batchclient.jobs._runner import WriteRetry
 from batchclient.testing import StubServer
-from jobs_util import FAST, jsonl, line, read_jsonl
+from jobs_util import FAST, jsonl, line, output_folder_blocked, read_jsonl
 
 
 def client(stub: StubServer, state: Path, **kw: Any) -> RemoteBatchInference:
@@ -78,16 +78,10 @@ async def test_a_file_where_the_output_folder_should_be_fails_the_batch_keeping_
         async with client(stub, tmp_path, max_concurrency=4) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(8)]))
             batch = await c.batches.create(record.id)
-            with anyio.fail_after(30):
-                while stub.stats.requests == 0:  # the input file is open: swap the folder
-                    await anyio.sleep(0.01)
-            files.rename(tmp_path / "files.moved")
-            files.write_text("a file where the folder of output files should be")
-            with anyio.fail_after(30):
-                failed = await c.batches.wait(batch.id)
-            result = await c.job_result(batch.id)
-            files.unlink()
-            (tmp_path / "files.moved").rename(files)
+            async with output_folder_blocked(stub, files):
+                with anyio.fail_after(30):
+                    failed = await c.batches.wait(batch.id)
+                result = await c.job_result(batch.id)
             resumed = await c.batches.resume(batch.id)
             with anyio.fail_after(30):
                 done = await c.batches.wait(batch.id)
@@ -129,16 +123,10 @@ async def test_a_failed_batch_is_free_to_resume_once_wait_returns(
         async with client(stub, tmp_path) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(4)]))
             batch = await c.batches.create(record.id)
-            with anyio.fail_after(30):
-                while stub.stats.requests == 0:  # the input file is open: swap the folder
-                    await anyio.sleep(0.01)
-            files.rename(tmp_path / "files.moved")  # no folder for the output files
-            files.write_text("a file where the folder of output files should be")
-            with anyio.fail_after(30):
-                failed = await c.batches.wait(batch.id)
-            owner_when_failed = owner()
-            files.unlink()
-            (tmp_path / "files.moved").rename(files)
+            async with output_folder_blocked(stub, files):
+                with anyio.fail_after(30):
+                    failed = await c.batches.wait(batch.id)
+                owner_when_failed = owner()
             resumed = await c.batches.resume(batch.id)
             owner_when_resumed, mine = owner(), c._manager().owner  # type: ignore[attr-defined]
             with anyio.fail_after(30):

@@ -40,7 +40,7 @@ from batchclient.jobs._runner import WriteRetry
 from batchclient.jobs._store import DB_NAME
 from batchclient.server import tenant_id
 from batchclient.testing import StubServer, free_port
-from jobs_util import FAST, jsonl, line, wait_sync
+from jobs_util import FAST, jsonl, line, output_folder_blocked, wait_sync
 from server_util import KEY_A, WINDOW, batch_file, is_envelope, ready, sdk, spawn, wait_batch
 
 PYTHONPATH = str(Path(__file__).parents[2] / "src")
@@ -385,15 +385,9 @@ async def test_jobs_resume_reopens_a_failed_batch_and_an_open_client_takes_it_up
         ) as c:
             record = await c.files.create(jsonl([line(f"r{i}", f"q{i}") for i in range(8)]))
             batch = await c.batches.create(record.id)
-            with anyio.fail_after(30):
-                while stub.stats.requests == 0:
-                    await anyio.sleep(0.01)
-            files.rename(tmp_path / "files.moved")
-            files.write_text("a file where the folder of output files should be")
-            with anyio.fail_after(30):
-                failed = await c.batches.wait(batch.id)
-            files.unlink()
-            (tmp_path / "files.moved").rename(files)
+            async with output_folder_blocked(stub, files):
+                with anyio.fail_after(30):
+                    failed = await c.batches.wait(batch.id)
             code = await anyio.to_thread.run_sync(main, [*resume[:2], batch.id, *resume[2:]])
             reopened = capsys.readouterr().out
             started = time.monotonic()

@@ -33,7 +33,7 @@ from batchclient.remote import RemoteProvider
 from batchclient.server import _webhooks, create_app, tenant_id
 from batchclient.server._webhooks import Outbox, Webhook, sign
 from batchclient.testing import Fault, StubReply, StubServer, free_port
-from jobs_util import FAST, jsonl, line, wait_sync
+from jobs_util import FAST, jsonl, line, output_folder_blocked, wait_sync
 from server_util import KEY_A, batch_file, ready, sdk, served, spawn, wait_batch
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
@@ -367,15 +367,9 @@ async def test_a_resumed_batch_sends_the_event_of_each_state_it_ends_in(
             async with RemoteBatchInference(stub.url, state_dir=state, **FAST) as client:
                 record = await client.files.create(batch_file(4))
                 batch = await client.batches.create(record.id)
-                with anyio.fail_after(30):
-                    while stub.stats.requests == 0:  # the input file is open: swap the folder
-                        await anyio.sleep(0.01)
-                files.rename(tmp_path / "files.moved")
-                files.write_text("a file where the folder of output files should be")
-                with anyio.fail_after(30):
-                    failed = await client.batches.wait(batch.id)
-                files.unlink()
-                (tmp_path / "files.moved").rename(files)
+                async with output_folder_blocked(stub, files):
+                    with anyio.fail_after(30):
+                        failed = await client.batches.wait(batch.id)
                 await client.batches.resume(batch.id)
                 with anyio.fail_after(30):
                     done = await client.batches.wait(batch.id)
