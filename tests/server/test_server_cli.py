@@ -88,7 +88,11 @@ def test_many_keys_raise_the_open_files_limit_or_are_refused_in_one_line(
         proc.terminate()
         proc.wait(30)
     refused = _serve_with_file_limit(stub.url, tmp_path / "capped", free_port(), keys, 300, 300)
-    out, _ = refused.communicate(timeout=60)
+    try:
+        out, _ = refused.communicate(timeout=60)
+    finally:
+        refused.kill()  # (it hung at start before: left no process behind)
+        refused.wait()
     assert refused.returncode == 2, out
     lines = out.decode().strip().splitlines()
     assert len(lines) == 1 and "60 key(s) need about 948 open files" in lines[0], lines
