@@ -47,7 +47,7 @@ from ..types import Endpoint
 from ._embed_groups import EmbeddingGroups
 from ._identity import public_url, served_model_facts
 from ._options import RemoteOptions
-from ._setup import RemoteReplica, build_dispatcher, check_settings
+from ._setup import RemoteReplica, build_dispatcher, check_settings, get_models
 from ._structured import VllmProbe
 from ._tokenize import find_tokenizer
 from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge
@@ -235,13 +235,10 @@ class RemoteProvider(Provider):
     async def _model_cards(self) -> dict[str, dict[str, Any]] | None:
         """``{id: model object}`` from the first replica that answers ``GET /models``."""
         for replica in self._dispatcher.replicas:
+            resp = await get_models(replica, self.timeouts.list_models_s)
             try:
-                resp = await replica.pool.request(
-                    "GET", "/models", timeout=self.timeouts.list_models_s
-                )
-                replica.answered = True
-                data = load_json(resp.body) if resp.status == 200 else None
-            except (HttpError, HttpTimeout, ResponseTooLarge, ValueError):
+                data = load_json(resp.body) if resp is not None and resp.status == 200 else None
+            except ValueError:
                 continue
             entries = data.get("data") if isinstance(data, dict) else None
             if isinstance(entries, list):

@@ -17,7 +17,7 @@ from .._version import __version__
 from ..errors import ConfigurationError
 from ._options import RemoteOptions
 from ._settings import HttpOptions, Verify
-from ._transport import HttpError, HttpTimeout, ResponseTooLarge, Transport
+from ._transport import HttpError, HttpResponse, HttpTimeout, ResponseTooLarge, Transport
 from ._urls import (
     Redactor,
     check_headers,
@@ -193,12 +193,8 @@ def build_dispatcher(
 
     async def answers(replica: Replica) -> bool:
         """Whether ``replica`` answers ``GET /models`` with 200 now."""
-        try:
-            resp = await replica.pool.request("GET", "/models", timeout=probe_timeout_s)
-        except (HttpError, HttpTimeout, ResponseTooLarge):
-            return False
-        replica.answered = True
-        return bool(resp.status == 200)
+        resp = await get_models(replica, probe_timeout_s)
+        return resp is not None and resp.status == 200
 
     return Dispatcher(
         built,
@@ -207,3 +203,14 @@ def build_dispatcher(
         probe=answers if ejection.probe_s > 0 else None,
         probe_s=ejection.probe_s,
     )
+
+
+async def get_models(replica: Replica, timeout_s: float) -> HttpResponse | None:
+    """``replica``'s answer to ``GET /models`` (any status; it has then answered), or None when
+    it sent none."""
+    try:
+        resp: HttpResponse = await replica.pool.request("GET", "/models", timeout=timeout_s)
+    except (HttpError, HttpTimeout, ResponseTooLarge):
+        return None
+    replica.answered = True
+    return resp
