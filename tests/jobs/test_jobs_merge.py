@@ -174,3 +174,34 @@ async def test_items_of_a_job_result_carry_their_latency(tmp_path: Path) -> None
     assert all(v is not None and v >= 0.02 for v in latencies), latencies
     assert latencies[3:] == latencies[:3]  # merged lines: their answer's latency
     assert all((r.metric("latency") or 0) >= 0.02 for r in emb_result.batch)
+
+
+async def test_a_line_with_thousands_of_copies_answers_each_of_them(tmp_path: Path) -> None:
+    """5,000 copies of one greedy line and a few lines with a copy or two: one request each,
+    every copy its answer under its own id, the counts exact; the copies past the few written
+    with their line's result are written after it in chunks (and on the next batch that reuses
+    the results, when they were lost)."""
+    lines = [line(f"c{i}", "the same question", temperature=0) for i in range(5000)]
+    lines += [line(f"o{i}", f"other {i % 3}", temperature=0) for i in range(7)]
+    with StubServer() as stub:
+        async with client(stub, tmp_path) as c:
+            job = await run_file(c, lines)
+            out = await output_lines(c, job.output_file_id)
+        assert stub.stats.requests == 1 + 3
+        assert job.request_counts.model_dump() == {"total": 5007, "completed": 5007, "failed": 0}
+        assert [r["custom_id"] for r in out] == [json.loads(x)["custom_id"] for x in lines]
+        assert len({r["id"] for r in out}) == 5007
+        first = out[0]["response"]
+        assert all(r["response"] == first for r in out[:5000])
+        assert out[5000]["response"]["body"] != first["body"]
+        db = sqlite3.connect(tmp_path / "batchclient.sqlite3")
+        with db:  # as if the process had died after writing the first line's result only
+            db.execute("DELETE FROM results WHERE job_id = ? AND seq BETWEEN 1 AND 4999", (job.id,))
+        db.close()
+        async with client(stub, tmp_path) as c:
+            again = await run_file(c, lines, reuse_results_from=job.id)
+            out2 = await output_lines(c, again.output_file_id)
+    assert stub.stats.requests == 1 + 3  # nothing sent again: the copies got their answer
+    assert again.request_counts.model_dump() == {"total": 5007, "completed": 5007, "failed": 0}
+    assert [r["custom_id"] for r in out2] == [r["custom_id"] for r in out]
+    assert [r["response"]["body"] for r in out2] == [r["response"]["body"] for r in out]

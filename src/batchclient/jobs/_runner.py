@@ -10,7 +10,8 @@ on resume. Results that complete while a commit runs are committed together (gro
 commit), so the write rate follows the result rate without one transaction per result.
 
 Identical deterministic lines are sent once (:mod:`._plan`): the lines merged into a sent one
-are committed in the same transaction as its result. Writing the output files is retried
+are committed in the same transaction as its result (up to :data:`_FEW_MERGED`; more right
+after it, in chunks, and on resume if a crash came between). Writing the output files is retried
 (:data:`WRITE_RETRY`); when it still fails the job is ``failed`` with ``output_write_failed``,
 every result stays committed, and :meth:`JobManager.resume` finishes it without sending a
 finished request.
@@ -49,6 +50,11 @@ from ._store import ResultRow, Store, now
 from ._validate import RequestLine, iter_requests, validate_batch_file
 
 _BLOCK = 256  # input lines parsed per thread hop
+_FEW_MERGED = 64
+"""Lines merged into one request that are committed with its result, in the event loop; more
+are written after it in a worker thread, :data:`_MERGED_CHUNK` per transaction, so that one
+request with a million copies neither holds their rows in memory nor stalls the loop."""
+_MERGED_CHUNK = 2000
 
 
 @dataclass(frozen=True)
@@ -96,8 +102,9 @@ class RequestSource:
         self._lines: Iterator[RequestLine] = iter_requests(self._file)
         self._buffer: list[Request] = []
         self._exhausted = False
-        self.merged: dict[int, list[tuple[int, str]]] = {}
-        """``{seq of a request handed out: [(seq, custom_id) of the lines merged into it]}``;
+        self.merged: dict[int, list[tuple[int, str]] | None] = {}
+        """``{seq of a request handed out: [(seq, custom_id) of the lines merged into it]}``
+        (``None``: more than :data:`_FEW_MERGED`, read from the store when its answer comes);
         the job pops an entry when that request's result arrives."""
 
     def __aiter__(self) -> RequestSource:
@@ -124,7 +131,7 @@ class RequestSource:
             lo, hi = block[0].seq, block[-1].seq
             done = self._store.finished_seqs(self._job_id, lo, hi)
             marks = self._store.job_lines(self._job_id, lo, hi)
-            merged = self._store.merged_into(self._job_id, lo, hi)
+            merged = self._store.merged_into(self._job_id, lo, hi, _FEW_MERGED)
             todo = []
             for r in block:
                 same_as, repeat = marks.get(r.seq, (None, 0))
@@ -312,9 +319,12 @@ async def run_unfinished(
     async def on_result(request: Request, result: Result) -> None:
         answered = row_for(job_id, request, result)
         rows = [answered]
-        for seq, custom_id in source.merged.pop(request.index, ()):
+        merged = source.merged.pop(request.index, [])
+        for seq, custom_id in merged or ():
             rows.append(merged_row(job_id, answered, seq, custom_id))
         await writer.put(rows)
+        if merged is None:  # many: after its line's own row, a chunk per transaction
+            await to_thread.run_sync(_answer_many_merged, store, job_id, answered)
 
     try:
         with batch_flow(job_id, row.metadata):  # a server's fair gate orders by it
@@ -331,16 +341,30 @@ async def run_unfinished(
             source.close()
 
 
+def _answer_many_merged(store: Store, job_id: str, answered: ResultRow) -> None:
+    """Give every line merged into ``answered``'s line its answer, :data:`_MERGED_CHUNK` rows
+    per transaction (a row already there is left alone)."""
+    after = -1
+    while lines := store.merged_lines(job_id, answered.seq, after, _MERGED_CHUNK):
+        store.commit_results(job_id, [merged_row(job_id, answered, *line) for line in lines])
+        after = lines[-1][0]
+
+
 def _answer_merged_lines(store: Store, job_id: str) -> None:
     """Give merged lines still without a result the answer of the line they were merged into
-    when that line has one already (results copied from an earlier batch that sent both)."""
-    rows = []
-    for seq, custom_id, same_as in store.unanswered_merged(job_id):
-        answered = store.result_row(job_id, same_as)
-        if answered is not None:
-            rows.append(merged_row(job_id, answered, seq, custom_id))
-    if rows:
+    when that line has one already (results copied from an earlier batch that sent both, or a
+    crash between a line's result and the rows of its many merged lines); a chunk of
+    :data:`_MERGED_CHUNK` per transaction."""
+    after = -1
+    while lines := store.unanswered_merged(job_id, after, _MERGED_CHUNK):
+        answered = store.result_rows(job_id, (same_as for _, _, same_as in lines))
+        rows = [
+            merged_row(job_id, answered[same_as], seq, custom_id)
+            for seq, custom_id, same_as in lines
+            if same_as in answered
+        ]
         store.commit_results(job_id, rows)
+        after = lines[-1][0]
 
 
 async def finalize(store: Store, job_id: str, outcome: str) -> None:

@@ -92,6 +92,16 @@ CREATE INDEX IF NOT EXISTS job_lines_same_as ON job_lines(job_id, same_as)
         Migration(4, add_columns("results", "latency_s REAL")),
         # the kernel boot id of the lease owner's machine: its lock file is trusted only there
         Migration(5, add_columns("jobs", "owner_kernel TEXT")),
+        # a process's heartbeat and recovery find its jobs by owner; listings go newest first
+        Migration(
+            6,
+            """
+CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+CREATE INDEX IF NOT EXISTS jobs_created_at ON jobs(created_at);
+CREATE INDEX IF NOT EXISTS files_created_at ON files(created_at)
+""",
+        ),
     ),
 )
 """The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
@@ -491,29 +501,73 @@ class Store:
         )
         return {int(r["seq"]): (r["same_as"], int(r["repeat"])) for r in rows}
 
-    def merged_into(self, job_id: str, lo: int, hi: int) -> dict[int, list[tuple[int, str]]]:
-        """``{seq: [(seq, custom_id) of the lines merged into it]}`` for ``seq`` in ``lo..hi``."""
-        rows = self.db.all(
-            "SELECT same_as, seq, custom_id FROM job_lines WHERE job_id = ? "
-            "AND same_as BETWEEN ? AND ? ORDER BY seq",
+    def merged_into(
+        self, job_id: str, lo: int, hi: int, most: int
+    ) -> dict[int, list[tuple[int, str]] | None]:
+        """``{seq: [(seq, custom_id) of the lines merged into it]}`` for ``seq`` in ``lo..hi``;
+        ``None`` for a line with more than ``most`` merged into it (read them with
+        :meth:`merged_lines`, a chunk at a time)."""
+        counts = self.db.all(
+            "SELECT same_as, count(*) AS n FROM job_lines INDEXED BY job_lines_same_as "
+            "WHERE job_id = ? AND same_as BETWEEN ? AND ? GROUP BY same_as",
             (job_id, lo, hi),
         )
-        merged: dict[int, list[tuple[int, str]]] = {}
-        for r in rows:
-            merged.setdefault(int(r["same_as"]), []).append((int(r["seq"]), str(r["custom_id"])))
+        merged: dict[int, list[tuple[int, str]] | None] = {
+            int(r["same_as"]): None for r in counts if r["n"] > most
+        }
+        few = [int(r["same_as"]) for r in counts if r["n"] <= most]
+        if few:
+            rows = self.db.all(
+                "SELECT same_as, seq, custom_id FROM job_lines INDEXED BY job_lines_same_as "
+                f"WHERE job_id = ? AND same_as IN ({', '.join('?' * len(few))}) "
+                "ORDER BY same_as, seq",
+                (job_id, *few),
+            )
+            for r in rows:
+                lines = merged.setdefault(int(r["same_as"]), [])
+                assert lines is not None
+                lines.append((int(r["seq"]), str(r["custom_id"])))
         return merged
 
-    def unanswered_merged(self, job_id: str) -> list[tuple[int, str, int]]:
-        """``(seq, custom_id, same_as)`` of merged lines without a result whose line has one
-        (left by results copied from an earlier job that did not merge them)."""
+    def merged_lines(
+        self, job_id: str, same_as: int, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        """``(seq, custom_id)`` of up to ``limit`` lines merged into ``same_as``, past ``after``
+        in ``seq`` order."""
+        rows = self.db.all(
+            "SELECT seq, custom_id FROM job_lines INDEXED BY job_lines_same_as "
+            "WHERE job_id = ? AND same_as = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (job_id, same_as, after, limit),
+        )
+        return [(int(r["seq"]), str(r["custom_id"])) for r in rows]
+
+    def unanswered_merged(self, job_id: str, after: int, limit: int) -> list[tuple[int, str, int]]:
+        """``(seq, custom_id, same_as)`` of up to ``limit`` merged lines past ``after`` (in
+        ``seq`` order) without a result whose line has one (left by results copied from an
+        earlier job that did not merge them, or by a crash between a line's result and its
+        merged lines')."""
         rows = self.db.all(
             "SELECT l.seq, l.custom_id, l.same_as FROM job_lines l "
             "JOIN results r ON r.job_id = l.job_id AND r.seq = l.same_as "
-            "WHERE l.job_id = ? AND NOT EXISTS "
-            "(SELECT 1 FROM results x WHERE x.job_id = l.job_id AND x.seq = l.seq)",
-            (job_id,),
+            "WHERE l.job_id = ? AND l.seq > ? AND NOT EXISTS "
+            "(SELECT 1 FROM results x WHERE x.job_id = l.job_id AND x.seq = l.seq) "
+            "ORDER BY l.seq LIMIT ?",
+            (job_id, after, limit),
         )
         return [(int(r["seq"]), str(r["custom_id"]), int(r["same_as"])) for r in rows]
+
+    def result_rows(self, job_id: str, seqs: Iterable[int]) -> dict[int, ResultRow]:
+        """``{seq: row}`` of the finished lines among ``seqs``."""
+        wanted = sorted(set(seqs))
+        found: dict[int, ResultRow] = {}
+        for i in range(0, len(wanted), 500):  # under SQLite's bound-variable limit
+            chunk = wanted[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self.db.all(
+                f"SELECT * FROM results WHERE job_id = ? AND seq IN ({marks})", (job_id, *chunk)
+            )
+            found.update((int(r["seq"]), _result(r)) for r in rows)
+        return found
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
