@@ -318,9 +318,8 @@ def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
     tmp_path: Path,
 ) -> None:
     """A server SIGKILLed while a 3 MiB upload is being written leaves ``.file-*.tmp``; the next
-    start, right away, removes it and an output file's temporary, and leaves alone one that a
-    live writer holds (its lock) and one being created as the sweep looks (younger than 2 s:
-    its writer may not hold its lock yet)."""
+    start, right away, removes it, an output file's temporary and one just written, and leaves
+    alone one that a live writer holds (its lock)."""
     state, port = tmp_path / "state", free_port()
     files = state / "tenants" / tenant_id(KEY_A) / "files"
     url = f"http://127.0.0.1:{port}"
@@ -345,7 +344,7 @@ def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
             left = upload.stat().st_size
             output = files / ".file-0123-output.4242.tmp"  # an output file cut by a crash
             output.write_bytes(b"{}\n" * 1000)
-            young = files / ".file-young.tmp"  # created as the sweep looks: maybe a writer's
+            young = files / ".file-young.tmp"  # written as the sweep looks, by no live writer
             young.write_bytes(b"y")
             soon = time.time() + 3600  # (the restart takes seconds: its time set ahead)
             os.utime(young, (soon, soon))
@@ -362,8 +361,43 @@ def test_temporary_files_left_by_sigkill_mid_upload_are_swept_at_the_next_start(
             proc.wait()
     log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
     assert left >= 2 << 20
-    assert kept == [".file-live.tmp", ".file-young.tmp"]
-    assert f"removed 2 stale temporary file(s), {left + 3000} bytes" in log, log
+    assert kept == [".file-live.tmp"]
+    assert f"removed 3 stale temporary file(s), {left + 3000 + 1} bytes" in log, log
+
+
+def test_a_file_swept_between_its_creation_and_its_lock_is_created_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up sweep removes every unlocked temporary file, however young: a writer whose
+    file it took before the writer locked it creates the file again, and its upload is
+    stored whole."""
+    from batchclient.jobs import _lease
+    from batchclient.jobs._files import StagedFile
+    from batchclient.jobs._store import Store
+
+    store = Store(tmp_path / "state")
+    real = fcntl.flock
+    swept: list[str] = []
+    calls = []
+
+    def sweep_first(fd: int, op: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the sweep runs between the writer's open and its lock
+            for path in store.files_dir.glob(".*.tmp"):
+                assert _lease.remove_if_unlocked(path)
+                swept.append(path.name)
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", sweep_first)  # the module _lease locks with
+    try:
+        staged = StagedFile(store)
+        staged.write(b"kept whole\n")
+        record = staged.commit(store, "batch", "x.jsonl")
+        assert swept == [f".{record.id}.tmp"]
+        assert store.file_path(record.id).read_bytes() == b"kept whole\n"
+        assert not list(store.files_dir.glob(".*.tmp"))
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ batchclient jobs resume

@@ -9,7 +9,6 @@ import hashlib
 import io
 import os
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
@@ -21,12 +20,6 @@ from ..errors import ConfigurationError, JobStateError
 from ..types import FileDeleted, FileObject
 from ._lease import hold, remove_if_unlocked
 from ._store import Store, now
-
-STALE_TMP_S = 2.0
-"""A temporary file in ``files/`` is removed at start only when no process holds its lock and
-it has not been written for this many seconds: every writer locks its file the moment it
-creates it, so the age only covers that moment (a server restarted right after a crash sweeps
-what the crash left)."""
 
 _CHUNK = 1024 * 1024
 FileInput = str | os.PathLike[str] | bytes | IO[bytes] | IO[str]
@@ -117,8 +110,11 @@ class StagedFile:
         self.bytes = 0
         self._target = store.file_path(self.id)
         self._tmp = self._target.with_name(f".{self.id}.tmp")
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        hold(fd)  # while it is open: the start-up sweep leaves it alone
+        while True:  # locked while it is open: the start-up sweep leaves it alone
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if hold(fd, self._tmp):
+                break
+            os.close(fd)  # swept before it was locked: create it again
         self._file: IO[bytes] | None = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
 
@@ -147,11 +143,12 @@ class StagedFile:
             self._tmp.unlink(missing_ok=True)
 
 
-def sweep_temporary(store: Store, min_age_s: float = STALE_TMP_S) -> tuple[int, int]:
+def sweep_temporary(store: Store) -> tuple[int, int]:
     """Remove the temporary files of ``files/`` (``.*.tmp``: uploads and output files being
-    written) that a process killed while writing left behind: only those no live writer holds
-    (their lock is free) and untouched for ``min_age_s``. Returns (files, bytes) removed
-    (blocking)."""
+    written) that a process killed while writing left behind: those no live writer holds (their
+    lock is free), however recent, so a server restarted right after a crash sweeps what it
+    left. A writer locks its file as it creates it, and creates it again if a sweep took it in
+    between (:func:`hold`). Returns (files, bytes) removed (blocking)."""
     count = size = 0
     try:
         entries = list(os.scandir(store.files_dir))
@@ -164,7 +161,7 @@ def sweep_temporary(store: Store, min_age_s: float = STALE_TMP_S) -> tuple[int, 
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if time.time() - st.st_mtime < min_age_s or not entry.is_file(follow_symlinks=False):
+        if not entry.is_file(follow_symlinks=False):
             continue
         if remove_if_unlocked(Path(entry.path)):
             count, size = count + 1, size + st.st_size

@@ -108,11 +108,20 @@ def _lock_path(state_dir: Path, owner: str) -> Path | None:
     return state_dir / OWNERS_DIR / f"{token}.lock"
 
 
-def hold(fd: int) -> None:
+def hold(fd: int, path: Path | None = None) -> bool:
     """Lock an open file for as long as it stays open, so that :func:`remove_if_unlocked`
-    leaves it alone (a file system without ``flock``: nothing)."""
+    leaves it alone (a file system without ``flock``: nothing). With ``path`` (the name it was
+    just created under): whether that name still is this file. False when a sweep removed it
+    between its creation and this lock; the caller then creates it again."""
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if path is None:
+        return True
+    try:
+        named, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 class OwnerLock:

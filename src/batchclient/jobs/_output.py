@@ -208,8 +208,11 @@ def write_lines(lines: Iterator[bytes], path: Path) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
     try:
-        with open_private(tmp) as f:
-            hold(f.fileno())  # while it is written: the start-up sweep leaves it alone
+        f = open_private(tmp)
+        while not hold(f.fileno(), tmp):  # locked while written: the start-up sweep leaves it
+            f.close()  # swept before it was locked: create it again
+            f = open_private(tmp)
+        with f:
             size = _copy(lines, f, digest)
             f.flush()
             os.fsync(f.fileno())
