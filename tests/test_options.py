@@ -154,7 +154,7 @@ def test_run_help_shows_every_providers_own_defaults(capsys: pytest.CaptureFixtu
     # argparse wraps after hyphens: "batch-api" may come out as "batch- api"
     text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
     assert "--max-concurrency N remote: Most requests in flight" in text
-    assert "(default 64); vllm: Requests handed to the engine at once" in text
+    assert "finds (default 256); vllm: Requests handed to the engine at once" in text
     assert "--timeout SECONDS remote: Seconds one attempt may take" in text
     assert "--restart-wait SECONDS ray: Seconds requests wait" in text
     polls = "Seconds between two polls of one remote batch (default 10.0)"

@@ -83,6 +83,33 @@ async def test_the_limit_settles_at_the_capacity_however_the_server_refuses(
     assert min(late) >= 3, late  # no collapse toward the minimum
 
 
+@pytest.mark.parametrize("after_work", [True, False])
+async def test_a_request_a_full_server_refused_goes_again_when_a_slot_frees(
+    after_work: bool,
+) -> None:
+    """Capacity 4 at 50 ms, refusing with ``Retry-After: 5``; a cold client starts at 8 in
+    flight. The 4 refused requests went again only after their 5 s, so the call took over 5 s
+    for 0.5 s of work; at a gateway that refuses at once, the first refusals (the only answers
+    yet) also paused the whole replica. Now a refusal the capacity explains sends its request
+    again as soon as a slot frees under the new limit, and the call ends in well under 5 s.
+    A request refused a second time waits as the server says."""
+    with StubServer(
+        latency_s=0.05,
+        capacity=4,
+        capacity_retry_after="5",
+        reject_after_work=after_work,
+    ) as stub:
+        adaptive = AdaptiveConcurrency(initial=8, cooldown_s=60.0)  # no probing in this run
+        async with RemoteBatchInference(stub.url, retry=FAST, adaptive=adaptive) as c:
+            started = time.monotonic()
+            result = await c.batch_chat_completion("smollm2", convos(40))
+            elapsed = time.monotonic() - started
+            [stats] = c.replica_stats()
+    assert all(r.error is None for r in result.batch), result.errors[:3]
+    assert stub.stats.by_status[429] == 4 and stats.concurrency_limit == 4
+    assert elapsed < 3.0, elapsed
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 async def test_the_limit_follows_a_capacity_that_grows_and_shrinks() -> None:

@@ -33,6 +33,58 @@ def test_slow_start_doubles_per_round_until_the_first_throttle() -> None:
     assert c.limit == int(16.0 * 0.8)
 
 
+def test_slow_start_doubles_only_once_a_whole_round_came_back() -> None:
+    """Per success, +1 let a round's successes raise the limit before its refusals arrived (an
+    overloaded backend refuses as late as it answers), and a second overshoot followed. Now
+    the limit doubles when a whole round succeeded, and a throttle within the round stops it."""
+    c, clock = controller()
+    for _ in range(7):
+        c.on_success(clock(), saturated=True)
+    assert c.limit == 8  # a round of 8 is not complete yet
+    c.on_success(clock(), saturated=True)
+    assert c.limit == 16
+    for _ in range(12):  # the next round: 12 of 16 succeed, then the server says it is full
+        c.on_success(clock(), saturated=True)
+    assert c.limit == 16
+    clock.t = 0.1
+    c.on_throttle(sent_at=0.05, served=12)
+    assert (c.limit, c.slow_start) == (12, False)
+
+
+def test_a_probe_that_held_lets_the_next_go_and_lucky_probes_slow_the_probing() -> None:
+    """Above the ceiling, a success sent after a probe step lets the next step go at once, and
+    three steps that held restart slow start (a server that grew is found within a cool-down).
+    A client counts requests still on their way as in flight, so a step can hold by luck: when
+    a later step is refused at the same capacity, the next probe waits twice as long (at most
+    two cool-downs)."""
+    c, clock = controller(initial=30, cooldown_s=1.0)
+    clock.t = 10.0
+    c.on_throttle(sent_at=9.0, served=24)
+    assert (c.limit, c.ceiling) == (24, 24)
+    clock.t = 10.2
+    for _ in range(100):  # growth up to the ceiling; no step above it within a cool-down
+        c.on_success(sent_at=10.1, saturated=True)
+    clock.t = 11.1
+    c.on_success(sent_at=11.0, saturated=True)  # the first probe step
+    assert c.limit == 25
+    clock.t = 11.2
+    c.on_success(sent_at=11.15, saturated=True)  # sent after it and answered: it held
+    assert (c.limit, c.ceiling) == (26, 24)
+    clock.t = 11.3
+    c.on_success(sent_at=11.25, saturated=True)  # and the next: the server has grown
+    assert (c.limit, c.ceiling, c.slow_start) == (27, None, True)
+    clock.t = 11.4
+    assert not c.on_throttle(sent_at=11.35, served=24)  # the same 24 again: it was luck
+    assert (c.limit, c.ceiling, c.probe_wait, c.cuts) == (24, 24, 2.0, 1)
+    clock.t = 12.5
+    for _ in range(100):
+        c.on_success(sent_at=12.4, saturated=True)
+    assert c.limit == 24  # 1.1 s later: the next probe waits its 2 s
+    clock.t = 13.5
+    c.on_success(sent_at=13.4, saturated=True)
+    assert c.limit == 25
+
+
 def test_after_a_throttle_growth_is_additive() -> None:
     c, clock = controller(initial=20, cooldown_s=1.0)
     clock.t = 1.0
@@ -102,8 +154,8 @@ def test_a_throttle_within_what_the_server_served_cuts_once_per_cooldown() -> No
     assert c.limit == 12
 
 
-def test_two_probes_that_hold_restart_slow_start() -> None:
-    """A server that grew (24 -> 48 in flight): once two probes above the old ceiling hold,
+def test_probes_that_hold_restart_slow_start() -> None:
+    """A server that grew (24 -> 48 in flight): once probes above the old ceiling hold,
     the limit doubles per round trip again instead of creeping up 5 % per round."""
     c, clock = controller(initial=30, cooldown_s=1.0)
     clock.t = 10.0

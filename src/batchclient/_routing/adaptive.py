@@ -94,11 +94,20 @@ class AdaptiveLimit:
     last_probe: float = field(init=False, default=-math.inf)
     ceiling: int | None = field(init=False, default=None)
     cuts: int = field(init=False, default=0)
+    round_base: float = field(init=False, default=0.0)
+    round_ok: int = field(init=False, default=0)
+    probe_wait: float = field(init=False, default=0.0)
+    past_ceiling: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         s = self.settings
         start = s.initial if self.enabled else s.maximum
         self.value = float(min(max(start, s.minimum), s.maximum))
+        self._new_round()
+        self.probe_wait = s.cooldown_s
+
+    def _new_round(self) -> None:
+        self.round_base, self.round_ok = self.value, 0
 
     @property
     def limit(self) -> int:
@@ -112,21 +121,32 @@ class AdaptiveLimit:
         before = self.limit
         s = self.settings
         if self.slow_start:
-            grown = self.value + 1.0
+            # doubled once a whole round came back without a throttle (not +1 per success:
+            # a round's successes then arrive before its refusals and send a second overshoot)
+            self.round_ok += 1
+            if self.round_ok < self.round_base:
+                return False
+            grown = 2.0 * self.round_base
         else:
             grown = self.value + max(1.0, s.increase_ratio * self.value) / max(self.value, 1.0)
         ceiling = self.ceiling
         if ceiling is not None and grown >= ceiling + 1:
-            # above the capacity the server last showed: one probe step per cool-down
+            # above the capacity the server last showed: one probe step per probe wait; the
+            # next at once when a request sent after the last step succeeded (it held)
             now = self.clock()
-            if now - self.last_probe < s.cooldown_s:
+            held = self.limit > ceiling and sent_at >= self.last_probe
+            if not held and now - self.last_probe < self.probe_wait:
                 return False
             self.last_probe = now
             grown = float(max(self.limit, ceiling) + 1)
-            if grown >= ceiling + 2:  # two probes held: the server has grown, find its new size
-                self.ceiling = None
+            # three steps held (one may be luck: the client counts requests still on their way
+            # as in flight): the server has grown, find its new size
+            if grown >= ceiling + 3:
+                self.past_ceiling, self.ceiling = ceiling, None
                 self.slow_start = True
         self.value = min(grown, float(s.maximum))
+        if self.slow_start:
+            self._new_round()
         return self.limit > before
 
     def on_throttle(self, sent_at: float, served: int | None = None) -> bool:
@@ -161,8 +181,14 @@ class AdaptiveLimit:
             return True
         cap = max(s.minimum, served)
         probing = self.ceiling is not None and self.limit > self.ceiling
-        self.last_adjust = self.last_probe = now  # the next probe one cool-down from now
+        self.last_adjust = self.last_probe = now  # the next probe one probe wait from now
         if self.limit > cap:  # above what the server showed: to it, at once
+            # the same capacity again (a probe, or a growth two lucky probes let through):
+            # probe half as often, down to one probe per two cool-downs
+            again = cap in (self.ceiling, self.past_ceiling)
+            self.probe_wait = min(2 * self.probe_wait, 2 * s.cooldown_s) if again else s.cooldown_s
+            probing = probing or self.past_ceiling == cap
+            self.past_ceiling = None
             self.ceiling = cap
             self.value = float(cap)
             if probing:
@@ -170,6 +196,8 @@ class AdaptiveLimit:
             self.last_cut = now
             self.cuts += 1
             return True
+        if self.ceiling is not None and cap >= self.ceiling:
+            return False  # full at the capacity it showed before (a request already on its way)
         if not cooled:
             return False
         self.ceiling = None

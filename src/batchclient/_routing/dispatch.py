@@ -414,27 +414,38 @@ class Dispatcher:
 
     def on_throttle(
         self, lane: Lane, sent_at: float, retry_after_s: float | None, *, quota_zero: bool = False
-    ) -> None:
+    ) -> bool:
         """A 429/503/529 answer. ``quota_zero``: its quota headers say the quota is used up
         (the quota hold paces that; the concurrency limit is left alone). Otherwise an
         replica-wide throttle (see :meth:`replica_wide`) cuts the limit as a rate limit and
         pauses the replica for ``retry_after_s``; an isolated one shows the server's capacity
         to the limit: the requests it was serving when this one arrived
-        (:meth:`Lane.served_at`)."""
+        (:meth:`Lane.served_at`). Returns whether the server was full: an isolated throttle
+        after which the limit is no more than what the server was serving (the request can go
+        again as soon as a slot frees under it, without overloading the server)."""
         lane.throttled += 1
         replica = lane.replica
         replica.recent.append(True)
         if quota_zero:
             if retry_after_s is not None and retry_after_s > 0:
                 replica.quota.refused_until(self.clock(), retry_after_s)
-            return
-        if self.replica_wide(replica) and not lane.serving_since(max(sent_at, self.clock() - 1.0)):
+            return False
+        served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
+        # before the first success, refusals are all the answers there are: one that came
+        # while earlier requests were still being served shows a capacity (a gateway refusing
+        # the 25th request at once), not a rate limit that pauses the replica
+        starting = lane.succeeded == 0 and served > 0
+        if (
+            not starting
+            and self.replica_wide(replica)
+            and not lane.serving_since(max(sent_at, self.clock() - 1.0))
+        ):
             lane.control.on_throttle(sent_at)
             if retry_after_s is not None and retry_after_s > 0:
                 self.pause(replica, self.clock() + retry_after_s)
-        else:
-            served = lane.served_at(sent_at) if lane.sent else lane.in_use - 1
-            lane.control.on_throttle(sent_at, served=served)
+            return False
+        lane.control.on_throttle(sent_at, served=served)
+        return lane.control.enabled and 0 < lane.control.limit <= served
 
     @staticmethod
     def replica_wide(replica: Replica) -> bool:

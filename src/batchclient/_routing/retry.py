@@ -44,13 +44,23 @@ EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})
 class RetryableFailure(Exception):
     """One failed attempt that may be retried: carries the result to report if it is the last,
     the server's ``Retry-After`` in seconds (already capped), if any, and the replica that
-    failed, which the retry avoids when another is available."""
+    failed, which the retry avoids when another is available. ``full``: a throttle from a
+    server that was full (its capacity explains it, and the limit is now within what it
+    served), so the request may go again as soon as a slot frees under that limit."""
 
-    def __init__(self, result: Result, retry_after_s: float | None = None, *, replica: Any = None):
+    def __init__(
+        self,
+        result: Result,
+        retry_after_s: float | None = None,
+        *,
+        replica: Any = None,
+        full: bool = False,
+    ):
         super().__init__(result.error.message if result.error else "retryable failure")
         self.result = result
         self.retry_after_s = retry_after_s
         self.replica = replica
+        self.full = full
 
 
 def parse_retry_after(value: str | None, *, cap_s: float, now: float | None = None) -> float | None:

@@ -337,6 +337,11 @@ class RemoteProvider(Provider):
     ) -> Result:
         replay = [first]  # tenacity's first attempt re-raises the failure we already had
         avoid = first.replica
+        # a server that was full (the limit now within what it served) takes the request again
+        # as soon as a slot frees under the limit: once per request, not after its Retry-After
+        # (which held the request back a whole second while the server had room, and made the
+        # end of a call wait for it); a second refusal waits as the server says
+        full_once = _when_full(first, used=False)
         told_when = _told_when(first)  # the server said when to retry: pauses do not hold it
         attempts = 1
         retrying = AsyncRetrying(
@@ -357,6 +362,7 @@ class RemoteProvider(Provider):
                         )
                     except RetryableFailure as again:
                         avoid = again.replica or avoid
+                        full_once = _when_full(again, used=full_once)
                         told_when = _told_when(again)
                         raise
                     result.attempts = attempts
@@ -473,8 +479,8 @@ class RemoteProvider(Provider):
             wait = retry_after_of(headers, cap_s=cap)
             if wait is None and quota_zero and replica.quota.reset_in(now) is not None:
                 wait = min(cap, replica.quota.reset_in(now) or 0.0)
-            dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
-            raise RetryableFailure(result, wait)
+            full = dispatcher.on_throttle(lane, sent_at, wait, quota_zero=quota_zero)
+            raise RetryableFailure(result, wait, full=full)
         if status in EJECTING_STATUS:
             dispatcher.on_failure(lane, f"HTTP {status}", connection=False, counts=counts)
             raise RetryableFailure(result, replica=replica)
@@ -496,6 +502,15 @@ def _encoded(body: dict[str, Any]) -> bytes | Result:
             "lone surrogates; integers within 64 bits)",
             status_code=400,
         )
+
+
+def _when_full(failure: RetryableFailure, *, used: bool) -> bool:
+    """Let a request refused by a full server go again as soon as a slot frees (its wait 0),
+    unless an earlier refusal of it already did; whether one did now."""
+    if failure.full and not used:
+        failure.retry_after_s = 0.0
+        return True
+    return used
 
 
 def _told_when(failure: RetryableFailure) -> bool:

@@ -34,7 +34,12 @@ class RemoteOptions(TypedDict, total=False):
     optional)."""
 
     max_concurrency: Annotated[
-        int, Option(64, "Most requests in flight per replica and model (requests).")
+        int,
+        Option(
+            256,
+            "Most requests in flight per replica and model (requests); with adaptive, the "
+            "ceiling of the limit it finds.",
+        ),
     ]
     max_retries: Annotated[
         int,
