@@ -9,10 +9,12 @@ server's capacity (what it was serving when the refused request arrived, counted
 cool-down is our own constant, never the server's ``Retry-After`` (inspect_ai #5137: extending
 it with every hint froze the limit).
 
-- **Start** at ``initial`` and *slow-start*: each success that finds the limit in use adds 1
-  (the limit doubles per round trip) until the first throttle. Source: inspect_ai adaptive
-  connections (PR #3820: "doubles aggressively during slow-start until the first rate-limit
-  episode"), TCP slow start.
+- **Start** at ``initial`` and *slow-start*: the limit doubles each time a whole round (as many
+  successes as the limit, each finding it in use) came back, until the first throttle.
+  Source: inspect_ai adaptive connections (PR #3820: "doubles aggressively during slow-start
+  until the first rate-limit episode"), TCP slow start. Not +1 per success: an overloaded
+  backend refuses as late as it answers, so a round's successes came before its refusals and
+  raised the limit into a second overshoot.
 - **Grow** after that by ``max(1, increase_ratio * limit)`` per round trip (spread over the
   successes of one round: each adds that divided by the limit). inspect_ai: +5 % per round;
   promptfoo grows x1.5 after 5 successes, which overshoots more. Only successes of requests sent
@@ -28,8 +30,11 @@ it with every hint froze the limit).
   capacity is set to it at once: the server is full, not overloaded, so no backing off below
   what it serves. The capacity becomes a ceiling that growth crosses one step per cool-down (a
   probe, like TCP CUBIC's plateau near its last maximum); a refused probe sets the limit back
-  without counting as a cut; two probes that hold mean the server grew: the ceiling is
-  forgotten and the limit slow-starts again to find the new capacity.
+  without counting as a cut; a step that held (a request sent after it succeeded) lets the
+  next go at once, and three that hold mean the server grew: the ceiling is forgotten and the
+  limit slow-starts again to find the new capacity. One step can hold by luck (the client
+  counts requests still on their way as in flight): growth refused at the same capacity again
+  makes the next probe wait two cool-downs, and a refusal at that capacity is no cut.
 - **Cut** by ``decrease_factor`` (inspect_ai: x0.8; promptfoo x0.5) on a throttle that the
   capacity does not explain (the limit was no more than what the server served: another
   client, a rate limit) and on a replica-wide one (``served`` None: most answers refused;
