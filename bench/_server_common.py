@@ -7,11 +7,14 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import psutil
 
 import _jobs_common
 from _jobs_common import child_env
@@ -72,3 +75,28 @@ def use_src(src: str | None) -> None:
     if src:
         _jobs_common.SRC = Path(src).resolve()
         os.environ["PYTHONPATH"] = str(_jobs_common.SRC)
+
+
+class PeakRss:
+    """Peak RSS of one process (bytes, ``peak``), sampled every ``every_s`` seconds in a thread
+    while the ``with`` block runs."""
+
+    def __init__(self, pid: int, every_s: float = 0.005) -> None:
+        self.process = psutil.Process(pid)
+        self.every_s = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(self.every_s)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

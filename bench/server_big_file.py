@@ -30,10 +30,9 @@ from typing import Any
 
 import httpx
 import openai
-import psutil
 
 from _jobs_common import save, stub_process
-from _server_common import add_src_options, serve, use_src
+from _server_common import PeakRss, add_src_options, serve, use_src
 
 KEY_A = "bench-tenant-a-0123456789"
 KEY_B = "bench-tenant-b-9876543210"
@@ -97,29 +96,6 @@ class Probe:
         }
 
 
-class PeakRss:
-    """Peak RSS of a process tree, sampled every 50 ms."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.05)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def measure(lines: int, distinct: int, extra: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as name, stub_process() as stub:
         tmp = Path(name)
@@ -127,7 +103,7 @@ def measure(lines: int, distinct: int, extra: list[str]) -> dict[str, Any]:
         keys = ("--api-key", KEY_A, "--api-key", KEY_B, "--max-upload-mib", "1024")
         with serve(stub, tmp / "state", *keys, *extra) as (url, proc):
             a = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0, timeout=600)
-            with PeakRss(proc.pid) as rss, Probe(url) as probe:
+            with PeakRss(proc.pid, every_s=0.05) as rss, Probe(url) as probe:
                 time.sleep(2)  # B's latency on an idle server
                 probe.phase = "upload"
                 t0 = time.perf_counter()

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,33 +33,10 @@ import httpx
 import psutil
 
 from _jobs_common import save, stub_process
-from _server_common import start_serve
+from _server_common import PeakRss, start_serve
 
 KEY = "bench-key-0123456789"
 BOUNDARY = b"hostile-boundary"
-
-
-class Peak:
-    """Peak RSS of one process, sampled every 5 ms in a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.005)
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def rss(pid: int) -> int:
@@ -192,7 +168,7 @@ def main() -> None:
             httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
             time.sleep(1.0)
             idle = max(rss(proc.pid) for _ in range(10))
-            with Peak(proc.pid) as peak:
+            with PeakRss(proc.pid) as peak:
                 status = asyncio.run(fields_attack(host, port))
                 time.sleep(0.5)
             figures["fields"] = {
@@ -202,7 +178,7 @@ def main() -> None:
             }
             print("fields", figures["fields"], flush=True)
             log_before = log.stat().st_size
-            with Peak(proc.pid) as peak:
+            with PeakRss(proc.pid) as peak:
                 before = rss(proc.pid)
                 figures["idle"] = asyncio.run(idle_sockets(host, port, args.sockets, args.hold))
             figures["idle"]["peak_over_before_mib"] = round((peak.peak - before) / 2**20, 1)
