@@ -3,13 +3,13 @@
 Samples 200 conversations from ShareGPT V3 by vLLM's benchmark rules (fixed seed), starts the
 real vLLM OpenAI server with the bundled SmolLM2-135M-Instruct, and runs them through
 ``RemoteBatchInference`` with ``--max-concurrency`` in flight (the remote provider's default,
-64) and the first 16 one at a time (the "without batching" baseline); then, after the server
+256) and the first 16 one at a time (the "without batching" baseline); then, after the server
 has stopped, through ``VLLMBatchInference`` (unless ``--no-inline``). Prints a table
 (requests, output tokens, wall time, output tokens/s, speedup over one at a time) and writes
 every answer to a JSONL file whose path it prints. vLLM shows only its warnings and errors
 unless ``--verbose`` (or ``BATCHCLIENT_VERBOSE=1``).
 
-    batchclient demo [-n 200] [--max-tokens 128] [--max-concurrency 64] [--no-inline]
+    batchclient demo [-n 200] [--max-tokens 128] [--max-concurrency 256] [--no-inline]
                      [--out DIR] [--verbose]
 """
 
