@@ -24,7 +24,7 @@ tests) and the benchmark's raw ``vllm.LLM`` mode. A value the caller gives alway
   vLLM does not *read* the cache for a request that asks for prompt log-probabilities
   (``skip_reading_prefix_cache`` defaults to on for them), so such scoring requests prefill
   their whole prompt either way; they still fill the cache for generation that follows. The
-  inline provider scores one-token continuations without them, reading the cache
+  inline provider scores continuations of up to 16 tokens without them, reading the cache
   (``single_token_scoring``).
 - **Thread binding.** On a CPU build, unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the compute
   threads are bound to the cores given, else to every core of this process's CPU affinity

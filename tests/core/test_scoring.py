@@ -266,6 +266,24 @@ def test_both_answer_shapes_give_the_same_score() -> None:
             assert got.is_greedy is greedy and got.num_tokens == len(prompt) - start
 
 
+def test_a_rank_says_whether_a_token_is_greedy() -> None:
+    """vLLM's rank (1 + how many tokens are more likely) decides, even when the more likely
+    token is not among the entries (a teacher-forced step reports the forced token alone);
+    without a rank the entries are compared."""
+    prompt = [10, 11, 12]
+
+    def score(entries: list[Any]) -> Any:
+        body = {"choices": [{"text": "", "prompt_logprobs": [None, *entries]}]}
+        return to_loglikelihood(_request(prompt, 1), Result(status_code=200, body=body))
+
+    forced = score([{"11": {"logprob": -4.0, "rank": 7}}, {"12": {"logprob": -0.1, "rank": 1}}])
+    assert forced.is_greedy is False and forced.logprob == pytest.approx(-4.1)
+    greedy = score([{"11": {"logprob": -4.0, "rank": 1}}, {"12": {"logprob": -0.1, "rank": 1}}])
+    assert greedy.is_greedy is True
+    unranked = score([{"11": {"logprob": -4.0}, "5": {"logprob": -1.0}}, {"12": {"logprob": -0.1}}])
+    assert unranked.is_greedy is False
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -147,6 +147,14 @@ async def test_scoring_uses_the_engines_tokenizer_and_gives_the_inline_scores(
     result = await ray_client.provider.execute(one_token)
     assert result.body is not None
     assert result.body["choices"][0]["prompt_logprobs"][:-1] == [None] * 5
+    # and a continuation of several tokens by teacher forcing: the continuation's positions only
+    forced = (pairs[2][0], [7042, 28, 3575])
+    [several] = loglikelihood_requests(MODEL, [forced], 1024, None)
+    result = await ray_client.provider.execute(several)
+    assert result.error is None and result.body is not None
+    entries = result.body["choices"][0]["prompt_logprobs"]
+    assert entries[:5] == [None] * 5
+    assert all(str(t) in e for t, e in zip(forced[1], entries[5:], strict=True))
 
     # what the result cache and dry runs ask: the inline provider's answers, as "ray"
     inline_identity = await inline_client.provider.cache_identity(MODEL)

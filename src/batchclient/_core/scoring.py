@@ -316,15 +316,20 @@ def _from_prompt_logprobs(
     entries: list[Any], prompt: list[int], start: int, end: int
 ) -> tuple[float, bool]:
     """vLLM's ``choices[0].prompt_logprobs``: per position None or ``{token id (as text):
-    {"logprob", "rank", "decoded_token"}}``."""
+    {"logprob", "rank", "decoded_token"}}``. Greedy: the token's rank is 1 (vLLM's rank: 1 +
+    how many tokens are more likely), or without a rank, no entry is more likely."""
     total, greedy = 0.0, True
     for pos in range(start, end):
         step = entries[pos]
         chosen = step[str(prompt[pos])]
         logprob = clamp_logprob(float(chosen["logprob"]))
         total += logprob
-        best = max(clamp_logprob(float(v["logprob"])) for v in step.values())
-        greedy = greedy and logprob >= best
+        rank = chosen.get("rank")
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            greedy = greedy and rank == 1
+        else:
+            best = max(clamp_logprob(float(v["logprob"])) for v in step.values())
+            greedy = greedy and logprob >= best
     return total, greedy
 
 

@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -362,9 +362,15 @@ class VLLMProvider(Provider):
         if request.endpoint is Endpoint.embeddings:
             return await _kinds.embed(engine, request.body, model, request_id, self._limiter)
         body, span = request.body, request.score_span
-        if span is not None and self.single_token_scoring and _one_token_at_end(body, span):
-            prompt = [int(t) for t in body["prompt"]]  # token ids (``_one_token_at_end``)
-            return await self._next_tokens.execute(engine, model, prompt[:-1], prompt[-1])
+        path = _scoring_path(body, span, engine.forcing) if self.single_token_scoring else None
+        if path is not None:
+            assert span is not None
+            prompt = [int(t) for t in body["prompt"]]  # token ids (``_scoring_path``)
+            if path == "next-token":
+                return await self._next_tokens.execute(engine, model, prompt[:-1], prompt[-1])
+            return await _kinds.score_forced(
+                engine, prompt[: span[0]], prompt[span[0] :], model, request_id, self._limiter
+            )
         scoring = span is not None
         if scoring:
             body = prompt_logprobs_body(body)
@@ -520,11 +526,27 @@ def _ttft(metrics: Any, started_wall: float) -> float | None:
     return max(0.0, arrival + latency - started_wall)
 
 
-def _one_token_at_end(body: dict[str, Any], span: tuple[int, int]) -> bool:
-    """Whether a scoring body's scored span is its prompt's last token alone (a continuation
-    of one token; rolling windows of one token too)."""
+MAX_FORCED_TOKENS = 16
+"""The longest continuation scored by teacher forcing (:func:`._kinds.score_forced`); a longer
+one (a rolling window) is scored the ``prompt_logprobs`` way: its positions are computed in one
+prefill instead of one engine step each."""
+
+
+def _scoring_path(
+    body: dict[str, Any], span: tuple[int, int] | None, forcing: bool
+) -> Literal["next-token", "forced"] | None:
+    """How a scoring request is sent: ``"next-token"`` (a continuation of one token, grouped
+    with the other continuations of its context: :mod:`._next_tokens`), ``"forced"`` (2 to
+    :data:`MAX_FORCED_TOKENS` tokens, on an engine with the forcing processor), or None (the
+    ``prompt_logprobs`` way). Both cached paths need a prompt of token ids whose scored span
+    ends it, after a context of at least one token."""
     prompt = body.get("prompt")
-    return isinstance(prompt, list) and span == (len(prompt) - 1, len(prompt)) and span[0] > 0
+    if span is None or not isinstance(prompt, list) or span[1] != len(prompt) or span[0] < 1:
+        return None
+    k = span[1] - span[0]
+    if k == 1:
+        return "next-token"
+    return "forced" if forcing and 2 <= k <= MAX_FORCED_TOKENS else None
 
 
 def _refused(refusal: Refusal) -> Result:

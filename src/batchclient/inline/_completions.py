@@ -319,6 +319,20 @@ def next_token_prompt_logprobs(
     return [*([None] * context_tokens), entry]
 
 
+def forced_prompt_logprobs(
+    context_tokens: int, steps: Sequence[tuple[int, float, int]]
+) -> list[dict[str, Any] | None]:
+    """The ``prompt_logprobs`` of a continuation scored by teacher forcing: None for each of
+    the ``context_tokens`` positions, then per ``(token, logprob, rank)`` step
+    ``{token id (text): {"logprob", "rank"}}``, the rank as vLLM computes it for a sampled
+    token (1 + how many tokens have a higher log-probability; 1 is greedy), as
+    ``prompt_logprobs`` rank a prompt token."""
+    out: list[dict[str, Any] | None] = [None] * context_tokens
+    for token, logprob, rank in steps:
+        out.append({str(token): {"logprob": clamp_logprob(logprob), "rank": rank}})
+    return out
+
+
 def completion_object(
     *,
     request_id: str,

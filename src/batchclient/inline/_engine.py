@@ -39,6 +39,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from .. import _cpu as _binding
 from .._engine_defaults import EngineDefaults, decide, stop_grace_s
 from ..models import BUNDLED_MAX_MODEL_LEN
+from . import _forced
 
 ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 """The engine arguments this vLLM accepts (``AsyncEngineArgs`` fields)."""
@@ -132,6 +133,20 @@ class Engine:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
     binding: str | None = None  # VLLM_CPU_OMP_THREADS_BIND the engine started with (CPU)
+    forcing: bool = False  # has the ForcedTokens logits processor (._forced)
+
+
+def _generating(args: Mapping[str, Any]) -> bool:
+    """Whether these engine arguments make a generating engine (the model's own config
+    decides when ``runner`` is not given: an embedding checkpoint makes a pooling engine)."""
+    runner = args.get("runner")
+    if runner not in (None, "auto"):
+        return bool(runner == "generate")
+    try:
+        config = AsyncEngineArgs(**args).create_model_config()
+    except Exception:
+        return False  # the engine's own start reports what is wrong
+    return bool(getattr(config, "runner_type", None) == "generate")
 
 
 def start(
@@ -148,7 +163,15 @@ def start(
     are bound to ``cores`` (default: every core of this process's affinity; the rule is
     :func:`batchclient._engine_defaults.choose_cores`, ``defaults.cores`` when given, the
     mechanism :mod:`batchclient._cpu`); ``engine.binding`` records the value used. Logs the engine's
-    defaults once (INFO, ``batchclient`` logger)."""
+    defaults once (INFO, ``batchclient`` logger).
+
+    A generating engine gets the :class:`._forced.ForcedTokens` logits processor after the
+    caller's own (``engine.forcing``); a pooling one cannot take logits processors (vLLM
+    refuses them), so its runner is resolved first when ``runner`` is not given."""
+    args = dict(args)
+    engine.forcing = _generating(args)
+    if engine.forcing:
+        args["logits_processors"] = _forced.processors(args.get("logits_processors"))
     counts = engine.counts
     if defaults is None:
         defaults = decide(args, cores=cores, cpu=is_cpu())

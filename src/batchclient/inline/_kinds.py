@@ -10,6 +10,9 @@
   continuations' tokens (every choice of a question in one pass: :mod:`._next_tokens` merges
   them), which reads vLLM's prefix cache (a request with ``prompt_logprobs`` never does); each
   answer has the shape of the ``prompt_logprobs`` path's.
+- Scoring continuations of several tokens (:func:`score_forced`): one generation request over
+  the context that is made to generate the continuation's tokens (teacher forcing,
+  :mod:`._forced`), also reading the prefix cache; the same shape of answer.
 - ``/v1/embeddings``: on a pooling engine (``runner="pooling", convert="embed"``), one
   ``AsyncLLM.encode`` per input with ``PoolingParams(task="embed")``, which normalises as
   vLLM's server does.
@@ -35,12 +38,14 @@ from ._completions import (
     completion_object,
     embedding_object,
     encode_vector,
+    forced_prompt_logprobs,
     legacy_logprobs,
     map_completion_body,
     map_embedding_body,
     next_token_prompt_logprobs,
     prompt_logprobs_json,
 )
+from ._forced import FORCED_TOKENS
 from ._mapping import Refusal
 from ._next_tokens import copy_result
 
@@ -232,6 +237,100 @@ async def score_next_tokens(
             Result(status_code=200, body=body_out, request_id=request_id, latency_s=latency)
         )
     return results
+
+
+async def score_forced(
+    engine: Engine,
+    context: list[int],
+    continuation: list[int],
+    model: str,
+    request_id: str,
+    limiter: Any,
+) -> Result:
+    """Score ``continuation`` (two tokens or more) after ``context`` by teacher forcing: one
+    generation request over the context alone that generates exactly the continuation's tokens
+    (:class:`._forced.ForcedTokens`), greedy with ``logprobs=0``, so each step reports the
+    continuation token's raw log-probability and its rank (1: greedy). Not ``logprobs=1``:
+    in an engine step that also runs a request with ``logprob_token_ids`` (a one-token
+    scoring request), vLLM 0.32 answers every request of the step in that request's terms,
+    and a top-1 token would then be padding (token 0 at -inf); the sampled token's rank is
+    right either way. Without
+    ``prompt_logprobs`` the request reads the prefix cache: a context shared with earlier
+    requests is not computed again, and only the last position's logits are, not every
+    prompt position's.
+
+    Returns what a ``prompt_logprobs`` scoring request of ``context + continuation`` would
+    (:func:`._completions.forced_prompt_logprobs`), which
+    :func:`batchclient._core.scoring.to_loglikelihood` reads. A token id outside the
+    vocabulary is ``invalid_request``; an engine that did not generate the forced tokens is
+    ``engine_error``, never a wrong score."""
+    llm = engine.llm
+    vocab = _vocab_size(llm)
+    if vocab is not None and any(not 0 <= t < vocab for t in continuation):
+        bad = next(t for t in continuation if not 0 <= t < vocab)
+        return failed(
+            ErrorCode.invalid_request,
+            f"token id {bad} is outside the model's vocabulary ({vocab} tokens)",
+            status_code=400,
+            param="prompt",
+        )
+    k = len(continuation)
+    try:
+        check_prompt_length(len(context), k, engine.max_model_len)
+        # no sampling defaults of the model (penalties or stop tokens would change the steps)
+        sampling = {
+            "temperature": 0.0,
+            "logprobs": 0,
+            "ignore_eos": True,
+            "detokenize": False,
+            "extra_args": {FORCED_TOKENS: list(continuation)},
+        }
+        params = _engine.sampling_params(sampling, k, None)
+    except Refusal as refusal:
+        return _refused(refusal)
+    except Exception as exc:
+        return _error(exc)
+    started, started_wall = time.perf_counter(), time.time()
+    async with limiter:
+        try:
+            final = await _final(
+                llm.generate({"prompt_token_ids": context}, params, request_id), llm, request_id
+            )
+        except Exception as exc:
+            return _error(exc)
+    try:
+        output = final.outputs[0]
+        generated = [int(t) for t in output.token_ids]
+        if generated != continuation:
+            raise ValueError(f"generated {generated}, not the forced {continuation}")
+        steps = [
+            (token, float(step[token].logprob), int(step[token].rank))
+            for token, step in zip(continuation, output.logprobs, strict=True)
+        ]
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        return failed(
+            ErrorCode.engine_error,
+            f"the engine's answer does not score the continuation ({exc})",
+        )
+    body_out = completion_object(
+        request_id=request_id,
+        model=model,
+        created=int(started_wall),
+        text="",
+        finish_reason=output.finish_reason,
+        prompt_tokens=len(context) + k,
+        completion_tokens=1,
+        logprobs=None,
+        prompt_logprobs=forced_prompt_logprobs(len(context), steps),
+    )
+    cached = int(getattr(final, "num_cached_tokens", 0) or 0)
+    body_out["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+    return Result(
+        status_code=200,
+        body=body_out,
+        request_id=request_id,
+        latency_s=time.perf_counter() - started,
+    )
 
 
 def _vocab_size(llm: Any) -> int | None:

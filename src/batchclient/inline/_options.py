@@ -27,11 +27,14 @@ TOOL_CALL_PARSER = Option(
 )
 SINGLE_TOKEN_SCORING = Option(
     True,
-    "Score a log-likelihood request whose continuation is one token with a generation request "
-    "over the context (max_tokens 1, greedy, vLLM's logprob_token_ids), which reads the prefix "
-    "cache, instead of asking for the prompt's log-probabilities, which makes vLLM prefill the "
-    "whole prompt (the same scores, bit for bit in float32: docs/evals.md, Shared prefixes). "
-    "False: every continuation the prompt_logprobs way.",
+    "Score log-likelihood requests with generation requests over the context, which read the "
+    "prefix cache, instead of asking for the prompt's log-probabilities, which makes vLLM "
+    "prefill the whole prompt: a one-token continuation by one request per context "
+    "(max_tokens 1, greedy, vLLM's logprob_token_ids; the same scores bit for bit in float32), "
+    "a continuation of 2-16 tokens by teacher forcing (the request is made to generate the "
+    "continuation's tokens; within 1e-4 in float32). Longer ones (rolling windows) keep the "
+    "prompt_logprobs way (docs/evals.md, Shared prefixes). False: every continuation the "
+    "prompt_logprobs way.",
 )
 """Options the Ray provider's replicas share (``RayOptions`` declares them with these)."""
 
