@@ -80,6 +80,15 @@ async def _final(outputs: AsyncIterator[Any], llm: Any, request_id: str) -> Any:
     return final
 
 
+async def _generate(llm: Any, ids: list[int], params: Any, request_id: str, limiter: Any) -> Any:
+    """The final output of one generation request over token ids, sent under ``limiter``;
+    raises what the engine raises."""
+    async with limiter:
+        return await _final(
+            llm.generate({"prompt_token_ids": ids}, params, request_id), llm, request_id
+        )
+
+
 def _tokens(tokenizer: Any, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
     if isinstance(prompt, list):
         return prompt
@@ -117,13 +126,10 @@ async def complete(
     except Exception as exc:  # vLLM's validation of the sampling fields
         return _error(exc)
     started, started_wall = time.perf_counter(), time.time()
-    async with limiter:
-        try:
-            final = await _final(
-                llm.generate({"prompt_token_ids": ids}, params, request_id), llm, request_id
-            )
-        except Exception as exc:
-            return _error(exc)
+    try:
+        final = await _generate(llm, ids, params, request_id, limiter)
+    except Exception as exc:
+        return _error(exc)
     if final is None or not final.outputs:
         return failed(ErrorCode.engine_error, "the engine finished without an output")
     body_out = _completion_body(
@@ -191,13 +197,10 @@ async def score_next_tokens(
     except Exception as exc:
         return every(_error(exc))
     started, started_wall = time.perf_counter(), time.time()
-    async with limiter:
-        try:
-            final = await _final(
-                llm.generate({"prompt_token_ids": context}, params, request_id), llm, request_id
-            )
-        except Exception as exc:
-            return every(_error(exc))
+    try:
+        final = await _generate(llm, context, params, request_id, limiter)
+    except Exception as exc:
+        return every(_error(exc))
     try:
         output = final.outputs[0]
         greedy = int(output.token_ids[0])
@@ -291,13 +294,10 @@ async def score_forced(
     except Exception as exc:
         return _error(exc)
     started, started_wall = time.perf_counter(), time.time()
-    async with limiter:
-        try:
-            final = await _final(
-                llm.generate({"prompt_token_ids": context}, params, request_id), llm, request_id
-            )
-        except Exception as exc:
-            return _error(exc)
+    try:
+        final = await _generate(llm, context, params, request_id, limiter)
+    except Exception as exc:
+        return _error(exc)
     try:
         output = final.outputs[0]
         generated = [int(t) for t in output.token_ids]
