@@ -183,6 +183,12 @@ def test_a_flag_not_given_is_not_passed_and_one_given_is(monkeypatch: pytest.Mon
     assert provider_options(ray) == {"resources_per_replica": {"num_gpus": 1}, "replicas": 2}
     cores = parse_run("--provider", "vllm", "--cpu-cores", "0", "1", "--verbose")
     assert provider_options(cores) == {"cpu_cores": [0, 1], "verbose": True}
+    # a switch with a named setting: one word, the name or true / false
+    for word, value in (("auto", "auto"), ("true", True), ("false", False)):
+        caching = parse_run("--base-url", URL, "--prompt-caching", word)
+        assert provider_options(caching)["prompt_caching"] == value
+    with pytest.raises(SystemExit):
+        parse_run("--base-url", URL, "--prompt-caching", "yes")
 
 
 def test_a_flag_the_chosen_provider_does_not_take_is_refused(

@@ -119,7 +119,7 @@ class OptionSpec:
 
     def _kind(self) -> Any:
         kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
-        return kinds[0] if len(kinds) == 1 else None
+        return kinds[0] if len(kinds) == 1 else _switch(kinds)
 
     def _word(self) -> type | None:
         """The scalar type of one word of the flag: the value's, or a list's items'."""
@@ -129,9 +129,9 @@ class OptionSpec:
 
     @property
     def choices(self) -> tuple[str, ...] | None:
-        kinds = [a for a in _union_args(self.annotation) if a is not type(None)]
-        if len(kinds) == 1 and get_origin(kinds[0]) is Literal:
-            return tuple(str(v) for v in get_args(kinds[0]))
+        kind = self._kind()
+        if get_origin(kind) is Literal:
+            return tuple(str(v) for v in get_args(kind))
         return None
 
     @property
@@ -152,6 +152,24 @@ class OptionSpec:
             return
         names = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
         raise ConfigurationError(f"{who}: option {self.name} must be {names}, not {value!r}")
+
+
+def _switch(kinds: list[Any]) -> Any:
+    """``bool | Literal["auto", ...]`` (a switch with named settings besides on and off, such
+    as ``prompt_caching``) as a shell spells it: one word, a name or ``true`` / ``false``
+    (``Literal`` of them); None for any other union."""
+    names = [k for k in kinds if get_origin(k) is Literal]
+    if len(kinds) == 2 and bool in kinds and len(names) == 1:
+        values = get_args(names[0])
+        if all(isinstance(v, str) for v in values):
+            return Literal[(*values, "true", "false")]  # type: ignore[valid-type]
+    return None
+
+
+def _is_switch(spec: OptionSpec) -> bool:
+    """Whether ``spec`` is a :func:`_switch` option."""
+    kinds = [a for a in _union_args(spec.annotation) if a is not type(None)]
+    return len(kinds) > 1 and _switch(kinds) is not None
 
 
 def _scalar_of(kind: Any) -> type | None:
@@ -324,7 +342,9 @@ def add_flags(
         if first.shape == "scalar" and first.scalar is bool:
             parser.add_argument(str(first.flag), action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        if first.choices:
+        if first.choices and _is_switch(first):  # checked by its parser: a word becomes a bool
+            kwargs["metavar"] = "{" + ",".join(first.choices) + "}"
+        elif first.choices:
             kwargs["choices"] = first.choices
         else:
             kwargs["metavar"] = "KEY=VALUE" if first.shape == "mapping" else first.metavar
@@ -373,9 +393,15 @@ def _parser_of(spec: OptionSpec) -> Any:
     kind = spec._word()
     nullable = type(None) in _union_args(spec.annotation)
 
+    switch = _is_switch(spec)
+
     def parse(text: str) -> Any:
         if nullable and spec.shape == "scalar" and text.lower() in ("none", "null"):
             return None
+        if switch:
+            if text not in (spec.choices or ()):
+                raise argparse.ArgumentTypeError(f"{text!r} is not one of {spec.choices}")
+            return text == "true" if text in ("true", "false") else text
         assert kind is not None
         return kind(text)
 

@@ -54,7 +54,7 @@ class ErrorCode(StrEnum):
     authentication_error = "authentication_error"  # HTTP 401
     permission_denied = "permission_denied"  # HTTP 403
     not_found = "not_found"  # HTTP 404 that is not a model error
-    rate_limited = "rate_limited"  # HTTP 429 after every retry (never reported as a 5xx)
+    rate_limited = "rate_limited"  # HTTP 429 or 498 after every retry (never reported as a 5xx)
     server_error = "server_error"  # HTTP 5xx after every retry
     http_error = "http_error"  # any other HTTP status
     bad_upstream_response = "bad_upstream_response"  # 2xx without a usable ChatCompletion body

@@ -394,7 +394,7 @@ def http_error(status: int, raw: bytes | bytearray | str | None) -> Result:
 
 
 def classify_http(status: int, message: str) -> ErrorCode:
-    if status == 429:
+    if status in (429, 498):  # 498: Groq's capacity_exceeded (its flex tier is full)
         return ErrorCode.rate_limited
     if status == 401:
         return ErrorCode.authentication_error

@@ -17,22 +17,59 @@ member was) rather than sorting the whole input: the input is pulled lazily and 
 materialised, a request is dispatched at most one look-ahead late, and inputs that are already
 grouped (the choices of one question in a row, as lm-evaluation-harness sends them) keep their
 order. Results are slotted by index, so callers still get them in input order.
+
+:func:`mark_shared_prefixes` gives the chat requests of such a window whose prefix is long
+enough to be cached and shared by another request of the window a ``prompt_cache_key``: a
+stable digest of the prefix (the same in every process and run), which providers whose server
+routes by it send (``prompt_caching``; OpenAI's prompt caching guide: requests with the same
+prefix and key reach the same cache). Batch calls mark each look-ahead window; jobs and
+``serve`` each block of lines they read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import orjson
 
+from ..types import Endpoint
 from .request import Request
 
-__all__ = ["LOOK_AHEAD", "group_by_prefix", "prefix_key"]
+__all__ = [
+    "LOOK_AHEAD",
+    "PROMPT_CACHE_MIN_TOKENS",
+    "group_by_prefix",
+    "mark_shared_prefixes",
+    "prefix_key",
+]
 
 LOOK_AHEAD = 256
 """Requests grouped at a time: a few times a provider's ``max_in_flight()``, so the groups
 are dispatched close together, and little enough to cost nothing in memory or latency."""
+
+
+PROMPT_CACHE_MIN_TOKENS = 1024
+"""The shortest prefix given a ``prompt_cache_key``, in tokens: OpenAI caches prompts of 1,024
+tokens or more (its prompt caching guide), so a shorter shared prefix gains nothing from one.
+Measured in the prefix's JSON at :data:`BYTES_PER_TOKEN`."""
+
+BYTES_PER_TOKEN = 4
+"""Bytes of JSON text per token for that estimate (English text runs about 4 characters per
+token with OpenAI's tokenizers; JSON punctuation makes it an overestimate of the bytes)."""
+
+
+def _chat_prefix(body: dict[str, Any]) -> bytes | None:
+    """A chat body's prefix (every message but the last) as JSON, or None without one."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > 1:
+        try:
+            return orjson.dumps(messages[:-1])
+        except TypeError:  # content orjson cannot encode: the request fails later, unkeyed
+            return None
+    return None
 
 
 def prefix_key(request: Request) -> int | None:
@@ -44,13 +81,40 @@ def prefix_key(request: Request) -> int | None:
         if start > 0 and isinstance(prompt, list):
             return hash(tuple(prompt[:start]))
         return None
-    messages = body.get("messages")
-    if isinstance(messages, list) and len(messages) > 1:
-        try:
-            return hash(orjson.dumps(messages[:-1]))
-        except TypeError:  # content orjson cannot encode: the request fails later, unkeyed
-            return None
-    return None
+    prefix = _chat_prefix(body)
+    return None if prefix is None else hash(prefix)
+
+
+def mark_shared_prefixes(requests: list[Request]) -> None:
+    """Set ``prompt_cache_key`` on every chat request of ``requests`` whose prefix (every
+    message but the last) is at least :data:`PROMPT_CACHE_MIN_TOKENS` long and is shared by
+    another request of ``requests``: ``"bc-"`` and 32 hex digits of the prefix's BLAKE2b
+    digest, so requests with one prefix get one key and different prefixes different keys.
+    Requests that share nothing, or share only a short prefix, get none."""
+    if len(requests) < 2:
+        return
+    prefixes: list[bytes | None] = []
+    seen: dict[bytes, int] = {}
+    least = PROMPT_CACHE_MIN_TOKENS * BYTES_PER_TOKEN
+    for request in requests:
+        body = request.body
+        prefix = None
+        if request.endpoint is Endpoint.chat_completions and request.error is None:
+            messages = body.get("messages")
+            if isinstance(messages, list) and len(messages) > 1:
+                prefix = _chat_prefix(body)
+                if prefix is not None and len(prefix) < least:
+                    prefix = None
+        prefixes.append(prefix)
+        if prefix is not None:
+            seen[prefix] = seen.get(prefix, 0) + 1
+    keys: dict[bytes, str] = {}
+    for request, prefix in zip(requests, prefixes, strict=True):
+        if prefix is not None and seen[prefix] > 1:
+            key = keys.get(prefix)
+            if key is None:
+                key = keys[prefix] = "bc-" + hashlib.blake2b(prefix, digest_size=16).hexdigest()
+            request.prompt_cache_key = key
 
 
 def group_by_prefix(requests: Iterable[Request], look_ahead: int = LOOK_AHEAD) -> Iterator[Request]:
@@ -59,6 +123,7 @@ def group_by_prefix(requests: Iterable[Request], look_ahead: int = LOOK_AHEAD) -
     relative to the groups around them."""
     source = iter(requests)
     while chunk := list(itertools.islice(source, look_ahead)):
+        mark_shared_prefixes(chunk)
         keys = [prefix_key(request) for request in chunk]
         keyed = [key for key in keys if key is not None]
         if len(set(keyed)) == len(keyed):  # nothing shared: as it came (no group built)

@@ -36,7 +36,9 @@ class Request:
     dispatch (a malformed message, an empty continuation): it is reported without being
     executed. ``repeat`` numbers identical sampled requests of one call or file (0 for the
     first): the result cache keeps one answer per repeat, so ``k`` samples of one prompt are
-    never one answer given ``k`` times.
+    never one answer given ``k`` times. ``prompt_cache_key``: set on a chat request whose
+    long prefix other requests of its call or batch share (``prefix.mark_shared_prefixes``);
+    providers that route by it send it (``prompt_caching``).
     """
 
     index: int
@@ -49,6 +51,7 @@ class Request:
     score_span: tuple[int, int] | None = None
     error: BatchItemError | None = None
     repeat: int = 0
+    prompt_cache_key: str | None = None
 
 
 @dataclass(slots=True)

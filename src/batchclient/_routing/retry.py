@@ -1,7 +1,8 @@
 """The retry policy of the remote provider (tenacity): what is retried, and how long to wait.
 
 - Retried: connection errors, timeouts, HTTP 408, 409, 429 and 5xx (the statuses the openai SDK
-  retries; OpenAI Batch contract, ``docs/design.md``).
+  retries; OpenAI Batch contract, ``docs/design.md``), and 498 (Groq's ``capacity_exceeded``
+  when its flex tier is full).
 - Never retried: every other 4xx (400 context too long, 401, 403, 404 model not found, 422):
   they fail on the first attempt with their status (bespokelabsai/curator #213).
 - Wait: the server's ``retry-after-ms`` (Azure OpenAI; milliseconds, preferred as the openai SDK
@@ -31,12 +32,13 @@ from tenacity import RetryCallState, wait_exponential_jitter
 if TYPE_CHECKING:
     from .._core.request import Result
 
-RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
+RETRYABLE_STATUS = frozenset({408, 409, 429, 498, 500, 502, 503, 504, 520, 521, 522, 524, 529})
 # Throttles: they cap or cut the adaptive concurrency limit (and pause the replica when most
 # answers are throttles and they carry Retry-After). 429 is a rate limit whatever its body says
 # (openai-cookbook PRs #1050, #1254: checks of the body text that
-# never fired); 503 and 529 are how servers say "overloaded" (vLLM, Anthropic).
-THROTTLE_STATUS = frozenset({429, 503, 529})
+# never fired); 503 and 529 are how servers say "overloaded" (vLLM, Anthropic), 498 how Groq says
+# its flex tier is out of capacity.
+THROTTLE_STATUS = frozenset({429, 498, 503, 529})
 # Server failures: repeated ones eject the replica (its requests go to the other replicas).
 EJECTING_STATUS = frozenset({500, 502, 504, 520, 521, 522, 524})
 

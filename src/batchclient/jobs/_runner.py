@@ -32,6 +32,7 @@ from anyio import to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .._core.flows import batch_flow
+from .._core.prefix import mark_shared_prefixes
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scheduler import run_requests
@@ -143,6 +144,7 @@ class RequestSource:
                     self.merged[r.seq] = merged[r.seq]
                 todo.append(request)
             if todo:
+                mark_shared_prefixes(todo)  # a block is the job's look-ahead window
                 return todo
 
     def close(self) -> None:

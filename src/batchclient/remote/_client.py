@@ -14,7 +14,9 @@ timeout starts when the request is sent, after every queue.
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import time
 from collections.abc import Sequence
 from typing import Any, Unpack
@@ -22,6 +24,7 @@ from typing import Any, Unpack
 import anyio
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
+from yarl import URL
 
 from .._core.client import BatchClient
 from .._core.decode import http_error, load_json
@@ -46,7 +49,7 @@ from ..errors import ConfigurationError, ErrorCode, ModelNotFoundError
 from ..types import Endpoint
 from ._embed_groups import EmbeddingGroups
 from ._identity import public_url, served_model_facts
-from ._options import RemoteOptions
+from ._options import FLEX_TIMEOUT_S, RemoteOptions
 from ._setup import RemoteReplica, build_dispatcher, check_settings, get_models
 from ._structured import VllmProbe
 from ._tokenize import find_tokenizer
@@ -153,6 +156,20 @@ class RemoteProvider(Provider):
         self._tokenizers: dict[str, Tokenizer] = {}
         self.embedding_group_size = size
         self.prefix_affinity = o["prefix_affinity"]
+        self.service_tier = o["service_tier"]
+        self.flex = self.service_tier == "flex"
+        if self.flex and "timeout_s" not in options:
+            self.timeout_s = o["timeout_s"] = FLEX_TIMEOUT_S
+        fallback = o["flex_fallback_after_s"]
+        if fallback is not None and not fallback > 0:
+            raise ConfigurationError(f"flex_fallback_after_s must be > 0 seconds, not {fallback!r}")
+        self.flex_fallback_after_s = fallback
+        caching = o["prompt_caching"]
+        if caching not in (True, False, "auto") or type(caching) not in (bool, str):
+            raise ConfigurationError(
+                f"prompt_caching must be 'auto', True or False, not {caching!r}"
+            )
+        self._cache_retention = o["prompt_cache_retention"]
         self._embedding_groups = EmbeddingGroups(size, self._send_embeddings)
 
         def build() -> Dispatcher:
@@ -161,6 +178,11 @@ class RemoteProvider(Provider):
         self._build = build
         self._dispatcher = build()  # checks every setting now, before any connection
         self.base_url = self._dispatcher.replicas[0].base_url
+        self.sends_cache_key = caching is True or (
+            caching == "auto"
+            and all(keys_prompt_caches(r.pool.address.origin) for r in self._dispatcher.replicas)
+        )
+        self._adds_fields = self.sends_cache_key or self.service_tier is not None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -285,6 +307,8 @@ class RemoteProvider(Provider):
         endpoint = request.endpoint
         if endpoint is Endpoint.embeddings:
             return await self._embedding_groups.execute(body)
+        if self._adds_fields and endpoint is Endpoint.chat_completions:
+            body = self._with_tier_and_key(request, body)
         # what ``_send_embeddings`` does, inlined: one coroutine less per request on the hot path
         model = str(body.get("model"))
         data = _encoded(body)
@@ -297,12 +321,79 @@ class RemoteProvider(Provider):
             if self.prefix_affinity and len(self._dispatcher.replicas) > 1
             else None
         )
-        try:  # the fast path: one attempt, no retry machinery
-            result = await self._attempt(model, path, body, data, endpoint, None, key=key)
-        except RetryableFailure as first:
-            result = await self._retry(model, path, body, data, endpoint, first, key)
+        if self.flex and body.get("service_tier") == "flex":
+            result = await self._send_flex(model, path, body, data, endpoint, key)
+        else:
+            result = await self._send(model, path, body, data, endpoint, key)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
+        return result
+
+    async def _send(
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        data: bytes,
+        endpoint: Endpoint,
+        key: int | None,
+    ) -> Result:
+        """One request with its retries: the first attempt outside tenacity (the fast path)."""
+        try:
+            return await self._attempt(model, path, body, data, endpoint, None, key=key)
+        except RetryableFailure as first:
+            return await self._retry(model, path, body, data, endpoint, first, key)
+
+    def _with_tier_and_key(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with ``service_tier`` and, for a request with a shared prefix,
+        ``prompt_cache_key`` (and ``prompt_cache_retention``) added where the body has none: a
+        new dict, so the request's own body (the result cache's key) stays as given."""
+        extra: dict[str, Any] = {}
+        if self.service_tier is not None and "service_tier" not in body:
+            extra["service_tier"] = self.service_tier
+        cache_key = request.prompt_cache_key
+        if cache_key is not None and self.sends_cache_key and "prompt_cache_key" not in body:
+            extra["prompt_cache_key"] = cache_key
+            if self._cache_retention is not None and "prompt_cache_retention" not in body:
+                extra["prompt_cache_retention"] = self._cache_retention
+        return {**body, **extra} if extra else body
+
+    async def _send_flex(
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        data: bytes,
+        endpoint: Endpoint,
+        key: int | None,
+    ) -> Result:
+        """A flex request: capacity refusals (:func:`capacity_refusal`) are waited out and sent
+        again until ``timeout_s`` after the first send; with ``flex_fallback_after_s``, a
+        request still unanswered that long after its first send is sent again on the
+        standard tier (``service_tier`` removed), an attempt then in flight abandoned."""
+        started = time.monotonic()
+        fallback = self.flex_fallback_after_s
+        answer: Result | None = None  # set once flex has answered (or given up)
+        with anyio.move_on_after(math.inf if fallback is None else fallback):
+            waits = 0
+            while True:
+                result = await self._send(model, path, body, data, endpoint, key)
+                left = started + self.timeout_s - time.monotonic()
+                if not capacity_refusal(result) or left <= 0:
+                    answer = result
+                    break
+                backoff = self.retry.backoff_initial_s * 2.0**waits
+                pause = min(backoff, self.retry.backoff_max_s) * (1.0 + 0.1 * random.random())
+                await anyio.sleep(min(pause, left))
+                waits += 1
+        if answer is not None:
+            return answer
+        standard = {k: v for k, v in body.items() if k != "service_tier"}
+        encoded = _encoded(standard)  # the same body but one field: it encodes as it did
+        if isinstance(encoded, Result):
+            return encoded
+        result = await self._send(model, path, standard, encoded, endpoint, key)
+        result.extra["service_tier_fallback"] = True
         return result
 
     async def _send_embeddings(self, body: dict[str, Any]) -> Result:
@@ -487,6 +578,38 @@ class RemoteProvider(Provider):
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
+
+
+_CACHE_KEY_HOSTS = ("api.openai.com",)
+_CACHE_KEY_DOMAINS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+
+
+def keys_prompt_caches(origin: str) -> bool:
+    """Whether a server at ``origin`` (``scheme://host:port``) is OpenAI's or Azure OpenAI's,
+    whose prompt caches are routed by ``prompt_cache_key`` (``prompt_caching="auto"`` sends it
+    to these only: other servers may refuse a field they do not know)."""
+    host = (URL(origin).host or "").lower().rstrip(".")
+    return host in _CACHE_KEY_HOSTS or host.endswith(_CACHE_KEY_DOMAINS)
+
+
+_CAPACITY_WORDS = ("resource_unavailable", "resource unavailable", "capacity")
+
+
+def capacity_refusal(result: Result) -> bool:
+    """Whether ``result`` says the flex tier is out of capacity, not that the request is
+    wrong: HTTP 498 (Groq's ``capacity_exceeded``), 503 or 529, or a 429 whose error names
+    resource unavailability or capacity (OpenAI's flex "429 Resource Unavailable"); a plain
+    rate-limit 429 is not one."""
+    status = result.status_code
+    if status in (498, 503, 529):
+        return True
+    if status != 429:
+        return False
+    error = (result.body or {}).get("error")
+    if not isinstance(error, dict):
+        return False
+    words = " ".join(str(error.get(k) or "") for k in ("code", "type", "message")).lower()
+    return any(word in words for word in _CAPACITY_WORDS)
 
 
 def _encoded(body: dict[str, Any]) -> bytes | Result:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, TypedDict
+from typing import Annotated, Literal, TypedDict
 
 from .._options import Option
 from .._routing.settings import (
@@ -22,11 +22,15 @@ from .._routing.settings import (
 )
 from ._settings import HttpOptions, Timeouts, Verify
 
-__all__ = ["EMBEDDING_GROUP_SIZE", "RemoteOptions"]
+__all__ = ["EMBEDDING_GROUP_SIZE", "FLEX_TIMEOUT_S", "RemoteOptions"]
 
 EMBEDDING_GROUP_SIZE = 16
 """Default one-input embedding requests sent as one ``/v1/embeddings`` request
 (``embedding_group_size``; ``docs/remote.md``, "Embeddings in groups")."""
+
+FLEX_TIMEOUT_S = 900.0
+"""``timeout_s`` when ``service_tier="flex"`` and none is given: OpenAI's flex processing guide
+raises the client timeout to 15 minutes, as flex answers can take that long."""
 
 
 class RemoteOptions(TypedDict, total=False):
@@ -171,3 +175,44 @@ class RemoteOptions(TypedDict, total=False):
         ),
     ]
     prefix_affinity: Annotated[bool, PREFIX_AFFINITY]
+    prompt_caching: Annotated[
+        bool | Literal["auto"],
+        Option(
+            "auto",
+            "Send a prompt_cache_key with each chat request whose prefix (every message but "
+            "the last, 1,024 tokens or more) other requests of its call or batch share: one key "
+            "per prefix, so that they reach the same cache. auto: to OpenAI's and Azure "
+            "OpenAI's hosts only; true: to any server; false: never. A body's own "
+            "prompt_cache_key is kept.",
+        ),
+    ]
+    prompt_cache_retention: Annotated[
+        str | None,
+        Option(
+            None,
+            "Sent as prompt_cache_retention with every request that carries a "
+            "prompt_cache_key (OpenAI: in_memory or 24h); a body's own is kept.",
+            metavar="POLICY",
+        ),
+    ]
+    service_tier: Annotated[
+        str | None,
+        Option(
+            None,
+            "Sent as service_tier with every request, a body's own kept (OpenAI, Gemini and "
+            "Groq take flex: batch prices, answers in minutes). With flex, timeout_s defaults "
+            "to 900, and capacity refusals (429 resource_unavailable, 498, 503) are waited out "
+            "and sent again without counting as retries, for up to timeout_s after the first "
+            "send.",
+            metavar="TIER",
+        ),
+    ]
+    flex_fallback_after_s: Annotated[
+        float | None,
+        Option(
+            None,
+            "With service_tier flex: a request still unanswered this many seconds after its "
+            "first send is sent on the server's standard tier instead (without service_tier; "
+            "an attempt still in flight is abandoned). None: never.",
+        ),
+    ]
