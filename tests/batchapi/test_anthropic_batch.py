@@ -146,7 +146,11 @@ def test_answers_come_back_as_openai_chat_completions() -> None:
     call = choice["message"]["tool_calls"][0]
     assert (call["id"], call["function"]["name"]) == ("tu", "weather")
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    assert body["usage"] == {
+        "prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11,
+        # cache reads as OpenAI reports them, writes under Anthropic's name
+        "prompt_tokens_details": {"cached_tokens": 2}, "cache_creation_input_tokens": 0,
+    }  # fmt: skip
     assert to_completion({"stop_reason": "max_tokens"})["choices"][0]["finish_reason"] == "length"
     assert error_of({"type": "error", "error": {"type": "overloaded_error", "message": "o"}})[2]
     code, _, retry = error_of({"error": {"type": "invalid_request_error", "message": "bad"}})

@@ -27,6 +27,7 @@ from .._core.request import Result, failed
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
+from ._anthropic_cache import mark_shared_prefixes
 from ._anthropic_translate import error_of, to_completion, to_params
 from ._backend import RemoteState, check_header_value, error_line, ok_line, unrun_line
 from ._options import AnthropicBatchOptions
@@ -82,6 +83,12 @@ class AnthropicBackend:
         self.base_url = url.rstrip("/")
         self.api_version = check_header_value("api_version", options["api_version"])
         self.max_tokens = options["max_tokens"]
+        caching = options["prompt_caching"]
+        if caching not in (True, False, "auto") or type(caching) not in (bool, str):
+            raise ConfigurationError(
+                f"prompt_caching must be 'auto', True or False, not {caching!r}"
+            )
+        self.prompt_caching = caching is not False
         self.timeout_s = options["timeout_s"]
         headers = options["headers"] or {}
         self.headers = {k: check_header_value(f"header {k}", v) for k, v in headers.items()}
@@ -168,8 +175,12 @@ class AnthropicBackend:
         from anthropic.types.messages import MessageBatch
 
         data = await anyio.Path(path).read_bytes()
-        body = b'{"requests":[' + b",".join(data.splitlines()) + b"]}"
+        lines = data.splitlines()
         del data
+        if self.prompt_caching and len(lines) > 1:
+            lines = await anyio.to_thread.run_sync(_with_cache_marks, lines)
+        body = b'{"requests":[' + b",".join(lines) + b"]}"
+        del lines
         batch = await self._call(
             "POST /v1/messages/batches",
             lambda: self._sdk().post(
@@ -240,6 +251,19 @@ class AnthropicBackend:
             f"POST /v1/messages/batches/{remote_id}/cancel",
             lambda: self._sdk().messages.batches.cancel(remote_id),
         )
+
+
+def _with_cache_marks(lines: list[bytes]) -> list[bytes]:
+    """A part's request lines with prompt-cache marks on their shared prefixes
+    (:mod:`._anthropic_cache`); as they were when none is shared or the marks would take the
+    create over Anthropic's size cap."""
+    requests = [orjson.loads(line) for line in lines]
+    if not mark_shared_prefixes(requests):
+        return lines
+    marked = [orjson.dumps(request) for request in requests]
+    if sum(map(len, marked)) + len(marked) + 16 > MAX_BYTES:
+        return lines
+    return marked
 
 
 def _normalised(raw: str) -> bytes:

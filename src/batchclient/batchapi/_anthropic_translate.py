@@ -139,14 +139,26 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            out.append({"type": "text", "text": str(part.get("text", ""))})
+            block = {"type": "text", "text": str(part.get("text", ""))}
         elif kind == "image_url":
-            out.append(_image(part.get("image_url")))
+            block = _image(part.get("image_url"))
         else:
             raise Refused(
                 f"a content part of type {kind!r} cannot be sent to Anthropic", "messages"
             )
+        _keep_mark(part, block)
+        out.append(block)
     return out
+
+
+def _keep_mark(part: dict[str, Any], block: dict[str, Any]) -> None:
+    """A content part's own ``cache_control`` (Anthropic's prompt-cache breakpoint, which
+    OpenAI-shaped gateways pass on the same way) is kept on its block, as sent."""
+    mark = part.get("cache_control")
+    if mark is not None:
+        if not isinstance(mark, dict):
+            raise Refused("cache_control must be an object", "messages")
+        block["cache_control"] = mark
 
 
 def _image(spec: Any) -> dict[str, Any]:
@@ -162,10 +174,13 @@ def _image(spec: Any) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
-def _messages(raw: Any) -> tuple[str, list[dict[str, Any]]]:
+def _messages(raw: Any) -> tuple[str | list[dict[str, Any]], list[dict[str, Any]]]:
+    """The system prompt (a string; text blocks when a part of it carries its own
+    ``cache_control``) and the messages."""
     if not isinstance(raw, list) or not raw:
         raise Refused("messages must be a non-empty list", "messages", _INVALID)
     system: list[str] = []
+    system_blocks: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     for message in raw:
         if not isinstance(message, dict):
@@ -180,7 +195,9 @@ def _messages(raw: Any) -> tuple[str, list[dict[str, Any]]]:
                     "Anthropic (its system prompt is top-level)",
                     "messages",
                 )
-            system.append(_text(message.get("content"), "a system message's"))
+            content = message.get("content")
+            system.append(_text(content, "a system message's"))
+            system_blocks += _blocks(content)
         elif role == "user":
             out.append({"role": "user", "content": _blocks(message.get("content"))})
         elif role == "assistant":
@@ -201,6 +218,8 @@ def _messages(raw: Any) -> tuple[str, list[dict[str, Any]]]:
                 out.append({"role": "user", "content": [result]})
         else:
             raise Refused(f"unknown message role {role!r}", "messages", _INVALID)
+    if any("cache_control" in block for block in system_blocks):
+        return system_blocks, out
     return "\n\n".join(system), out
 
 
@@ -306,6 +325,16 @@ def to_completion(message: dict[str, Any]) -> dict[str, Any]:
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
     completion = int(usage.get("output_tokens") or 0)
+    counts: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    if read or written:  # as OpenAI reports cache reads; writes under Anthropic's own name
+        counts["prompt_tokens_details"] = {"cached_tokens": read}
+        counts["cache_creation_input_tokens"] = written
     return {
         "id": str(message.get("id", "")),
         "object": "chat.completion",
@@ -319,11 +348,7 @@ def to_completion(message: dict[str, Any]) -> dict[str, Any]:
                 "logprobs": None,
             }
         ],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
+        "usage": counts,
     }
 
 

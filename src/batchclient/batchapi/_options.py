@@ -160,6 +160,17 @@ class AnthropicBatchOptions(RemoteBatchOptions, total=False):
     max_tokens: Annotated[
         int, Option(4096, "max_tokens of a request that sets none (Anthropic requires one).")
     ]
+    prompt_caching: Annotated[
+        bool | Literal["auto"],
+        Option(
+            "auto",
+            "Mark each request's last content block shared with another request of its remote "
+            "batch, when that prefix reaches the model's minimum cacheable length, with "
+            'cache_control {"type": "ephemeral", "ttl": "1h"}: cache reads cost a tenth of the '
+            "input price. auto and true: mark; false: never. A request's own marks are kept "
+            "(at most 4 in all).",
+        ),
+    ]
 
 
 class GeminiBatchOptions(RemoteBatchOptions, total=False):

@@ -140,6 +140,8 @@ class AnthropicBatchStub(LoopbackApp):
         """How many times each request text was run (to tell what was sent twice)."""
         self.seen_params: list[dict[str, Any]] = []
         """Every request's ``params`` as received."""
+        self.cached_prefixes: set[str] = set()
+        """The prompt prefixes (text up to a ``cache_control`` mark) written to the cache."""
         self._order: list[str] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -299,6 +301,8 @@ class AnthropicBatchStub(LoopbackApp):
         else:
             self.seen[text] += 1
             result = {"type": "succeeded", "message": _message(params, text)}
+        if result.get("type") == "succeeded":
+            self._cache_usage(params, result["message"]["usage"])
         kind = next((k for m, k in self.malformed.items() if m in text), None)
         if kind == "content" and result.get("type") == "succeeded":
             result["message"]["content"] = 7
@@ -308,6 +312,23 @@ class AnthropicBatchStub(LoopbackApp):
             result = 5  # type: ignore[assignment]
         line = {"custom_id": request["custom_id"], "result": result}
         return json.dumps(line).encode() + b"\n"
+
+    def _cache_usage(self, params: dict[str, Any], usage: dict[str, Any]) -> None:
+        """Prompt caching as Anthropic reports it: the words up to a request's last
+        ``cache_control`` mark are written to the cache the first time that prefix is seen
+        (``cache_creation_input_tokens``) and read from it after (``cache_read_input_tokens``);
+        ``input_tokens`` keeps the rest. Results are made in request order, so the first
+        request of a prefix writes it."""
+        prefix = _marked_prefix(params)
+        if prefix is None:
+            return
+        words = max(1, len(prefix.split()))
+        usage["input_tokens"] = max(1, usage["input_tokens"] - words)
+        if prefix in self.cached_prefixes:
+            usage["cache_read_input_tokens"] = words
+        else:
+            self.cached_prefixes.add(prefix)
+            usage["cache_creation_input_tokens"] = words
 
     def _view(self, batch: _Batch) -> dict[str, Any]:
         ended = self._ended(batch)
@@ -350,7 +371,38 @@ def _check(item: Any, version: str, ids: set[str]) -> str | None:
         for key in ("temperature", "top_p", "top_k"):
             if key in params:
                 return f"params.{key}: extra inputs are not permitted"
+    if _marks(params) > 4:
+        return "A maximum of 4 blocks with cache_control may be provided. Found " + str(
+            _marks(params)
+        )
     return None
+
+
+def _marks(value: Any) -> int:
+    """Every ``cache_control`` in a request, wherever it is (as the API counts them)."""
+    if isinstance(value, dict):
+        own = value.get("cache_control") is not None
+        return own + sum(_marks(v) for k, v in value.items() if k != "cache_control")
+    if isinstance(value, list):
+        return sum(_marks(v) for v in value)
+    return 0
+
+
+def _marked_prefix(params: dict[str, Any]) -> str | None:
+    """The text of the system prompt and messages up to the last block marked
+    ``cache_control``, or None without a mark."""
+    texts: list[str] = []
+    prefix = None
+    system = params.get("system")
+    blocks: list[Any] = [system] if isinstance(system, str) else list(system or ())
+    for message in params.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks += [content] if isinstance(content, str) else list(content or ())
+    for block in blocks:
+        texts.append(block if isinstance(block, str) else str(block.get("text", "")))
+        if isinstance(block, dict) and block.get("cache_control") is not None:
+            prefix = "\n".join(texts)
+    return prefix
 
 
 def _text(params: dict[str, Any]) -> str:
