@@ -140,6 +140,9 @@ def test_a_database_made_before_schema_versions_opens_with_its_data(
         assert call is not None and (call.job_id, call.delivered) == ("batch_1", True)
         store.commit_results("batch_1", [ResultRow(1, "b", True, 200, None, None, cached=True)])
         assert store.get_job("batch_1").cache_hits == 1  # the added columns are in use
+        cached = ResultRow(2, "c", True, 200, None, None, input_tokens=9, cached_tokens=7)
+        store.commit_results("batch_1", [cached])
+        assert store.get_job("batch_1").usage.input_tokens_details.cached_tokens == 7
     finally:
         store.close()
     cache = ResultCache(state / DB_NAME)
@@ -149,10 +152,10 @@ def test_a_database_made_before_schema_versions_opens_with_its_data(
     keys = IdempotencyKeys(state)
     assert keys.lookup("key-1", "body") == "batch_1"
     keys.close()
-    assert versions(state / DB_NAME) == {"jobs": 6, "batchapi": 2, "result_cache": 1}
+    assert versions(state / DB_NAME) == {"jobs": 7, "batchapi": 2, "result_cache": 1}
     assert versions(state / "server.sqlite3") == {"idempotency": 1}
     Store(state).close()  # opening again applies nothing and loses nothing
-    assert Store(state).get_job("batch_1").request_counts.completed == 2
+    assert Store(state).get_job("batch_1").request_counts.completed == 3
 
 
 def _mode(path: Path) -> int:

@@ -358,7 +358,8 @@ class TokenLogProbs(_Model):
 
 
 class MetricInResponse(_Model):
-    """A per-item figure: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` (unit
+    """A per-item figure: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and, where
+    the answer reports it, ``cached_tokens`` (the prompt tokens read from a prompt cache; unit
     ``tokens``), ``time_to_first_token`` and ``latency`` (unit ``s``, from dispatch), and
     ``cached`` (value 1, no unit) when the result cache gave the answer."""
 
@@ -580,7 +581,8 @@ EncodingFormat = Literal["float", "base64"]
 
 class BatchProgress(_Model):
     """A progress report for a running batch or job. Tokens are counted from the ``usage`` of
-    answers generated for it (not of answers from the result cache); ``cache_hits`` counts the
+    answers generated for it (not of answers from the result cache; ``cached_tokens``: the
+    prompt tokens read from a provider's prompt cache); ``cache_hits`` counts the
     items the cache answered (they are also in ``completed``); ``concurrency_limit`` is the
     current number of requests allowed in flight (adaptive on the remote provider, fixed
     otherwise)."""
@@ -592,6 +594,7 @@ class BatchProgress(_Model):
     in_flight: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     elapsed_s: float = 0.0
     concurrency_limit: int | None = None
 
@@ -686,7 +689,12 @@ class BatchRequestCounts(_Model):
 
 
 class InputTokensDetails(_Model):
+    """Input read from a prompt cache (``cached_tokens``, as OpenAI reports it) and written to
+    one (``cache_write_tokens``: batchclient's, from Anthropic's cache writes; OpenAI's shape
+    has no such field)."""
+
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(_Model):
@@ -694,7 +702,10 @@ class OutputTokensDetails(_Model):
 
 
 class BatchUsage(_Model):
-    """Tokens used by a batch's finished requests (from each answer's ``usage``)."""
+    """Tokens used by a batch's finished requests (from each answer's ``usage``):
+    ``input_tokens`` all of the prompts, of which ``input_tokens_details`` the cached and
+    cache-written ones; ``output_tokens``, of which ``output_tokens_details.reasoning_tokens``
+    spent reasoning."""
 
     input_tokens: int = 0
     input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)

@@ -310,7 +310,7 @@ async def test_at_420px_wide_the_page_reads_well_and_a_cancelled_batch_shows_wha
     assert gone["rate"] == "\u2013" and gone["eta"] == "\u2013"
     assert rows[finished]["rate"] == "\u2013"  # finished: not running either
     assert gone["labels"] == ["Status", "Progress", "Completed / failed / total", "Throughput",
-                              "ETA", "Metadata"]  # fmt: skip
+                              "ETA", "Tokens in (cached) / out", "Metadata"]  # fmt: skip
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
 
 

@@ -163,6 +163,11 @@ def _usage_metrics(usage: Any) -> list[Any]:
             )
             if value is not None:
                 metrics += (name, value, "tokens")
+        details = usage.get("prompt_tokens_details")
+        if details is not None:  # prompt tokens read from a prompt cache, where reported
+            cached = number(details.get("cached_tokens")) if isinstance(details, dict) else None
+            if cached is not None:
+                metrics += ("cached_tokens", cached, "tokens")
     return metrics
 
 

@@ -24,6 +24,7 @@ import anyio
 from ..errors import ErrorCode
 from ..types import BatchProgress, ProgressCallback
 from .request import Request, Result, failed
+from .usage import token_counts
 
 Execute = Callable[[Request], Awaitable[Result]]
 OnResult = Callable[[Request, Result], Awaitable[None] | None]
@@ -108,6 +109,7 @@ class ProgressTracker:
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     in_flight: int = 0
     started: float = field(default_factory=time.perf_counter)
     _last: float = 0.0
@@ -126,6 +128,9 @@ class ProgressTracker:
         if isinstance(usage, dict) and not cached and not refused:
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details")
+            if details is not None:  # read only where reported: this runs once per result
+                self.cached_tokens += token_counts(usage).cached
         if self.callback is not None:
             now = time.perf_counter()
             if now - self._last >= self.interval_s:
@@ -141,6 +146,7 @@ class ProgressTracker:
             in_flight=self.in_flight,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
             elapsed_s=time.perf_counter() - self.started,
             concurrency_limit=self.concurrency_limit(),
         )

@@ -30,6 +30,7 @@ from .._core.completions import to_completion_response
 from .._core.decode import to_response
 from .._core.embeddings import to_embedding_response
 from .._core.request import Request, Result
+from .._core.usage import TokenCounts, token_counts
 from ..types import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -88,11 +89,13 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
     tokens_in = tokens_out = 0
+    counts = TokenCounts()
     refused = result.status_code is not None and not 200 <= result.status_code < 300
     # a cache hit generated nothing; a refusal's body (kept as sent) counts for nothing
     if isinstance(usage, dict) and not result.cached and not refused:
         tokens_in = _int(usage.get("prompt_tokens"))
         tokens_out = _int(usage.get("completion_tokens"))
+        counts = token_counts(usage)
     request_id = result.request_id
     if request_id is None and isinstance(body, dict) and isinstance(body.get("id"), str):
         request_id = body["id"]
@@ -108,6 +111,9 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
         output_tokens=tokens_out,
         cached=result.cached,
         latency_s=result.latency_s,
+        cached_tokens=counts.cached,
+        cache_write_tokens=counts.cache_write,
+        reasoning_tokens=counts.reasoning,
     )
     return with_line(job_id, row)
 

@@ -50,10 +50,24 @@ from ..types import (
     BatchStatus,
     BatchUsage,
     FileObject,
+    InputTokensDetails,
+    OutputTokensDetails,
 )
 from ._lease import kernel_boot_id
 
 DB_NAME = "batchclient.sqlite3"
+_CLASS_COLUMNS = (
+    "cached_tokens INTEGER NOT NULL DEFAULT 0",
+    "cache_write_tokens INTEGER NOT NULL DEFAULT 0",
+    "reasoning_tokens INTEGER NOT NULL DEFAULT 0",
+)
+
+
+def _token_classes(db: sqlite3.Connection) -> None:
+    for table in ("results", "jobs"):
+        add_columns(table, *_CLASS_COLUMNS)(db)
+
+
 SCHEMA = Schema(
     "jobs",
     (
@@ -102,12 +116,14 @@ CREATE INDEX IF NOT EXISTS jobs_created_at ON jobs(created_at);
 CREATE INDEX IF NOT EXISTS files_created_at ON files(created_at)
 """,
         ),
+        # the token classes beyond input and output: cache reads and writes, reasoning
+        Migration(7, _token_classes),
     ),
 )
 """The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
 _RESULT_COLUMNS = (
     "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached, "
-    "latency_s"
+    "latency_s, cached_tokens, cache_write_tokens, reasoning_tokens"
 )
 _TIMESTAMPS = (
     "in_progress_at",
@@ -135,7 +151,10 @@ class ResultRow:
     ``line`` the JSON text of its output/error file line (set before committing); ``cached``
     whether the result cache gave it; ``merged`` (not stored) that it is the answer of an
     identical line, so it is not counted again in the job's ``cache_hits``. Tokens count what
-    was generated for this job (0 for a cache hit or a copy of an identical line's answer).
+    was generated for this job (0 for a cache hit or a copy of an identical line's answer):
+    ``input_tokens`` all of the prompt, ``cached_tokens`` and ``cache_write_tokens`` the parts of
+    it read from and written to a prompt cache, ``reasoning_tokens`` the part of
+    ``output_tokens`` spent reasoning (``batchclient._core.usage``).
     ``latency_s`` is the answer's latency (seconds from dispatch), the ``latency`` metric of
     its item in ``job_result``; None when unknown (a cache hit, a remote Batch API)."""
 
@@ -152,6 +171,9 @@ class ResultRow:
     cached: bool = False
     merged: bool = False
     latency_s: float | None = None
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -192,6 +214,9 @@ class JobRow:
     cache: int | None
     cache_hits: int
     owner_kernel: str | None
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class Store:
@@ -379,12 +404,12 @@ class Store:
     def commit_results(self, job_id: str, rows: list[ResultRow]) -> None:
         """Insert finished rows (a row already there is left alone) and grow the job's request
         counts and usage by exactly the rows inserted, in one transaction."""
-        ok = bad = tokens_in = tokens_out = hits = 0
+        ok = bad = tokens_in = tokens_out = hits = cached = written = reasoning = 0
         with self.db.transaction() as db:
             for row in rows:
                 cur = db.execute(
                     f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         row.seq,
@@ -397,6 +422,9 @@ class Store:
                         row.output_tokens,
                         int(row.cached),
                         row.latency_s,
+                        row.cached_tokens,
+                        row.cache_write_tokens,
+                        row.reasoning_tokens,
                     ),
                 )
                 if cur.rowcount:
@@ -405,11 +433,16 @@ class Store:
                     tokens_in += row.input_tokens
                     tokens_out += row.output_tokens
                     hits += row.cached and not row.merged
+                    cached += row.cached_tokens
+                    written += row.cache_write_tokens
+                    reasoning += row.reasoning_tokens
             db.execute(
                 "UPDATE jobs SET completed = completed + ?, failed = failed + ?, "
                 "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
-                "cache_hits = cache_hits + ? WHERE id = ?",
-                (ok, bad, tokens_in, tokens_out, hits, job_id),
+                "cache_hits = cache_hits + ?, cached_tokens = cached_tokens + ?, "
+                "cache_write_tokens = cache_write_tokens + ?, "
+                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+                (ok, bad, tokens_in, tokens_out, hits, cached, written, reasoning, job_id),
             )
 
     def finished_seqs(self, job_id: str, lo: int, hi: int) -> set[int]:
@@ -461,7 +494,7 @@ class Store:
         with self.db.transaction() as db:
             db.execute(
                 f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) SELECT ?, seq, custom_id, "
-                "ok, status_code, error, line, 0, 0, 0, latency_s FROM results "
+                "ok, status_code, error, line, 0, 0, 0, latency_s, 0, 0, 0 FROM results "
                 "WHERE job_id = ? AND ok = 1",
                 (dst_job, src_job),
             )
@@ -469,7 +502,11 @@ class Store:
                 "UPDATE jobs SET completed = (SELECT count(*) FROM results WHERE job_id = ?1), "
                 "input_tokens = (SELECT coalesce(sum(input_tokens), 0) FROM results "
                 "WHERE job_id = ?1), output_tokens = (SELECT coalesce(sum(output_tokens), 0) "
-                "FROM results WHERE job_id = ?1) WHERE id = ?1",
+                "FROM results WHERE job_id = ?1), cached_tokens = (SELECT "
+                "coalesce(sum(cached_tokens), 0) FROM results WHERE job_id = ?1), "
+                "cache_write_tokens = (SELECT coalesce(sum(cache_write_tokens), 0) FROM results "
+                "WHERE job_id = ?1), reasoning_tokens = (SELECT coalesce(sum(reasoning_tokens), "
+                "0) FROM results WHERE job_id = ?1) WHERE id = ?1",
                 (dst_job,),
             )
 
@@ -614,7 +651,11 @@ def _job(row: JobRow) -> Batch:
         metadata=json.loads(row.metadata) if row.metadata else None,
         usage=BatchUsage(
             input_tokens=row.input_tokens,
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=row.cached_tokens, cache_write_tokens=row.cache_write_tokens
+            ),
             output_tokens=row.output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=row.reasoning_tokens),
             total_tokens=row.input_tokens + row.output_tokens,
         ),
         model=row.model,
@@ -638,6 +679,9 @@ def _result(row: sqlite3.Row) -> ResultRow:
         line=row["line"],
         cached=bool(row["cached"]),
         latency_s=row["latency_s"],
+        cached_tokens=row["cached_tokens"],
+        cache_write_tokens=row["cache_write_tokens"],
+        reasoning_tokens=row["reasoning_tokens"],
     )
 
 

@@ -26,7 +26,6 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -45,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result
+from .._core.usage import TOKEN_KINDS, token_counts
 from ..jobs._manager import StatusTotals
 from ..types import BatchStatus
 from ._guard import Guard
@@ -155,8 +155,7 @@ class RequestStats:
 
     def __init__(self) -> None:
         self.in_flight = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
+        self.tokens = dict.fromkeys(TOKEN_KINDS, 0)  # by class (``_core.usage``)
         # per outcome: a count per bucket (the last one +Inf), and the sum of seconds
         self.buckets = {"completed": [0] * (len(_REQUEST_BUCKETS) + 1),
                         "failed": [0] * (len(_REQUEST_BUCKETS) + 1)}  # fmt: skip
@@ -191,11 +190,13 @@ class _RequestCollector(Collector):
         yield durations
         tokens = CounterMetricFamily(
             "batchclient_tokens",
-            "Tokens of the provider's answers (usage), prompt and completion.",
+            "Tokens of the provider's answers (usage) by kind: prompt (all input), cached and "
+            "cache_write (input read from and written to a prompt cache), completion, reasoning "
+            "(of the completion).",
             labels=["kind"],
         )
-        tokens.add_metric(["prompt"], s.prompt_tokens)
-        tokens.add_metric(["completion"], s.completion_tokens)
+        for kind, count in s.tokens.items():
+            tokens.add_metric([kind], count)
         yield tokens
 
 
@@ -218,16 +219,13 @@ class MeteredProvider(DelegatingProvider):
                 outcome = "completed"
                 usage = result.body.get("usage") if result.body else None
                 if isinstance(usage, dict):
-                    stats.prompt_tokens += _count(usage.get("prompt_tokens"))
-                    stats.completion_tokens += _count(usage.get("completion_tokens"))
+                    tokens = stats.tokens
+                    for kind, count in zip(TOKEN_KINDS, token_counts(usage), strict=True):
+                        tokens[kind] += count
             return result
         finally:
             stats.in_flight -= 1
             stats.observe(outcome, time.perf_counter() - started)
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
 
 
 class HTTPMetrics(Observed):

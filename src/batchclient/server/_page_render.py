@@ -121,7 +121,7 @@ def status_page(
         table = (
             '<table id="batches"><thead><tr><th>Batch</th><th>Status</th><th>Progress</th>'
             "<th>Completed / failed / total</th><th>Throughput</th><th>ETA</th>"
-            "<th>Metadata</th></tr></thead>"
+            "<th>Tokens in (cached) / out</th><th>Metadata</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>"
         )
     footer = f'<p class="meta">Refreshes every {REFRESH_S} s.</p>'
@@ -146,7 +146,7 @@ def _row(batch: Batch, errors: list[LineError], unrun: int, now: float) -> str:
         for e in errors
     ]
     error_row = (
-        f'<tr class="batch-errors" data-batch="{escape(batch.id)}"><td colspan="7">'
+        f'<tr class="batch-errors" data-batch="{escape(batch.id)}"><td colspan="8">'
         '<ul class="errors">'
         + "".join(f"<li>{escape(_clip(p))}</li>" for p in problems[:5])
         + "</ul></td></tr>"
@@ -164,9 +164,18 @@ def _row(batch: Batch, errors: list[LineError], unrun: int, now: float) -> str:
         f"{failed} / {total}{not_run}</td>"
         f'<td class="num rate" data-label="Throughput">{_rate(rate)}</td>'
         f'<td class="num eta" data-label="ETA">{_duration(eta)}</td>'
+        f'<td class="num tokens" data-label="Tokens in (cached) / out">{_tokens(batch)}</td>'
         f'<td class="meta metadata" data-label="Metadata">{escape(_clip(metadata))}</td></tr>'
         f"{error_row}"
     )
+
+
+def _tokens(batch: Batch) -> str:
+    """``input (cached) / output`` tokens of the batch's answers so far; the cached ones are
+    the input read from a prompt cache (``usage.input_tokens_details.cached_tokens``)."""
+    usage = batch.usage
+    cached = usage.input_tokens_details.cached_tokens
+    return f"{usage.input_tokens:,} ({cached:,}) / {usage.output_tokens:,}"
 
 
 def progress_figures(batch: Batch, now: float) -> tuple[float | None, float | None]:

@@ -268,6 +268,9 @@ class StubServer:
         model_info: extra fields of every ``/v1/models`` entry (e.g. vLLM's ``root``, the
             model path); change the attribute to play a server whose weights were swapped.
         record_bodies: keep every request body in ``stats.bodies``.
+        prefix_cache: report ``usage.prompt_tokens_details.cached_tokens`` for chat answers:
+            the words of the request's prefix (every message but the last) when that prefix was
+            served before, else 0 (a server's prefix cache).
         quota, token_quota: ``(limit, period_s)``: at most ``limit`` requests (tokens: prompt
             words plus ``max_tokens``) per window of ``period_s`` seconds; a request over it
             gets 429. Every answer announces the quota in OpenAI's ``x-ratelimit-*`` headers
@@ -294,6 +297,7 @@ class StubServer:
         models: tuple[str, ...] = ("smollm2",),
         model_info: dict[str, Any] | None = None,
         record_bodies: bool = False,
+        prefix_cache: bool = False,
         quota: tuple[int, float] | None = None,
         token_quota: tuple[int, float] | None = None,
         quota_headers: bool = True,
@@ -316,6 +320,8 @@ class StubServer:
         self.models = models
         self.model_info = dict(model_info or {})
         self.record_bodies = record_bodies
+        self.prefix_cache = prefix_cache
+        self._prefixes: set[str] = set()
         self.quotas = {
             name: Quota(*spec)
             for name, spec in (("requests", quota), ("tokens", token_quota))
@@ -479,9 +485,26 @@ class StubServer:
                     status=404,
                 )
             stats.by_status[200] += 1
-            return web.json_response(answer(body), headers=quota_headers)
+            answered = answer(body)
+            if self.prefix_cache:
+                self._report_cached(body, answered)
+            return web.json_response(answered, headers=quota_headers)
         reply.headers = {**quota_headers, **reply.headers}
         return await self._send(request, reply, body, answer)
+
+    def _report_cached(self, body: dict[str, Any], answered: dict[str, Any]) -> None:
+        """A prefix cache as vLLM's and OpenAI's servers report it: a chat request's prefix
+        (every message but the last) served before counts as ``cached_tokens`` (one token per
+        word), one served for the first time as 0."""
+        messages = body.get("messages")
+        usage = answered.get("usage")
+        if not isinstance(messages, list) or not isinstance(usage, dict):
+            return
+        prefix = json.dumps(messages[:-1], sort_keys=True)
+        seen = prefix in self._prefixes
+        self._prefixes.add(prefix)
+        words = len(_text_of({"messages": messages[:-1]}).split()) if seen else 0
+        usage["prompt_tokens_details"] = {"cached_tokens": words}
 
     def _take_quota(self, body: dict[str, Any], headers: dict[str, str]) -> web.Response | None:
         """Count the request against the quotas (filling ``headers``); the 429 when over.
