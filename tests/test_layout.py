@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, int]] = [
     ("_core.calls", 3),
     ("_core.prompt_tokens", 2),  # counts prompt tokens of any body: errors only
     ("_core.usage", 2),  # the token classes of an answer's usage: items, calls, jobs, metrics
+    ("_core.ledger", 1),  # billing tiers, prompt-cache rules, price tables
     ("_core.encode", 4),
     ("_core.decode", 4),
     ("_core.scheduler", 5),

@@ -34,6 +34,7 @@ Every client also runs OpenAI batch JSONL files as durable, resumable batches (`
 
 from ._core.client import BatchClient
 from ._core.execution import Call, Execution
+from ._core.ledger import PriceTable
 from ._core.provider import DelegatingProvider, Provider
 from ._core.request import Request, Result, failed
 from ._core.tokens import HFTokenizer, Tokenizer
@@ -133,6 +134,7 @@ __all__ = [  # noqa: RUF022
     # files and batches
     "Batch",
     "BatchEstimate",
+    "PriceTable",
     "BatchProgress",
     "BatchResponse",
     "BatchStatus",

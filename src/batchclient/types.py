@@ -51,6 +51,7 @@ __all__ = [
     "ChatCompletionResponse",
     "CompletionMessage",
     "CompletionResponse",
+    "Cost",
     "EmbeddingResponse",
     "EncodingFormat",
     "Endpoint",
@@ -79,6 +80,7 @@ __all__ = [
     "StopReason",
     "SystemMessage",
     "TextContentItem",
+    "Tier",
     "TokenLogProbs",
     "TokenizerInfo",
     "ToolCall",
@@ -814,6 +816,27 @@ class BatchOptions(TypedDict, total=False):
     cache: bool | None
 
 
+Tier = Literal["batch", "flex", "standard", "local"]
+"""How a provider bills requests: ``batch`` (the batch APIs), ``flex`` (``service_tier="flex"``),
+``standard`` (live calls), ``local`` (an engine run here)."""
+
+
+class Cost(_Model):
+    """What tokens cost at a price table's prices (``batchclient.PriceTable``): ``input`` (input
+    read from no cache), ``cached_input``, ``cache_write``, ``output`` and their ``total``, in
+    ``currency``; the table's ``as_of`` date, the ``model`` and ``tier`` priced."""
+
+    model: str
+    tier: Tier
+    currency: str
+    as_of: str
+    input: float
+    cached_input: float
+    cache_write: float
+    output: float
+    total: float
+
+
 class BatchEstimate(_Model):
     """What running a batch file would take (``client.estimate``, ``batchclient run
     --dry-run``); nothing is sent.
@@ -832,6 +855,12 @@ class BatchEstimate(_Model):
       OpenAI's rule of thumb and its cookbook's per-message overhead).
     - ``input_cost_usd``, ``output_cost_usd``, ``cost_usd``: with prices in USD per million
       tokens; the output cost is at ``max_output_tokens``, an upper bound.
+    - ``tier`` (``batch``, ``flex``, ``standard``, ``local``), ``cached_input_tokens`` and
+      ``cache_write_tokens``: how the provider bills and how much of ``prompt_tokens`` its prompt
+      cache would read and write (a chat prefix, every message but the last, that later requests
+      share and that reaches the provider's shortest cacheable prefix: read by every request but
+      the first; written by the first where writes are billed apart). ``cost``: at a price
+      table's prices (``--prices``), by class, the output at ``max_output_tokens``.
     """
 
     requests: int = 0
@@ -850,6 +879,10 @@ class BatchEstimate(_Model):
     input_cost_usd: float | None = None
     output_cost_usd: float | None = None
     cost_usd: float | None = None
+    tier: str = "standard"
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost: Cost | None = None
 
     @property
     def ok(self) -> bool:

@@ -110,8 +110,9 @@ def test_cli_dry_run_prints_the_estimate_and_creates_no_job(
     assert out[0] == "dry run: nothing was sent"
     assert "16 lines; 8 to send (8 identical greedy lines merged; result cache off" in out[1]
     assert "estimated, about 4 characters per token" in out[2]
-    assert "max output tokens: 100 (1 without max_tokens" in out[3]
-    assert out[4].startswith("cost:              $0.0001 at most")
+    assert out[3].endswith(", 0 written to it, 64 uncached (standard tier)")  # no shared prefix
+    assert "max output tokens: 100 (1 without max_tokens" in out[4]
+    assert out[5].startswith("cost:              $0.0001 at most")
     assert not state.exists()  # nothing uploaded, no database
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(jsonl([line("a", "x"), "[1]"]))

@@ -93,7 +93,8 @@ async def test_a_file_where_the_output_folder_should_be_fails_the_batch_keeping_
     assert failed.request_counts.completed == 8
     assert isinstance(result, BatchChatCompletionResponse)
     assert [r.text for r in result.batch] == [f"echo: q{i}" for i in range(8)]
-    assert resumed.status == "in_progress" and resumed.errors is None
+    # running again (every result is there, so it may already be writing its files)
+    assert resumed.status in ("in_progress", "finalizing") and resumed.errors is None
     assert done.status == "completed" and len(out) == 8
     assert stub.stats.requests == 8  # resuming sent nothing: every request had its result
 

@@ -55,6 +55,7 @@ from .decode import build_response, stage_response
 from .embeddings import embedding_requests, to_embedding_response
 from .encode import chat_requests
 from .execution import Call, Execution
+from .ledger import PriceTable
 from .prefix import group_by_prefix
 from .provider import Provider
 from .request import Request, Result
@@ -461,6 +462,7 @@ class BatchClient:
         price_input: float | None = None,
         price_output: float | None = None,
         cache: bool | None = None,
+        prices: PriceTable | None = None,
     ) -> BatchEstimate:
         """What running the uploaded batch file ``file_id`` would take, without sending
         anything: validation, requests (and how many identical greedy lines would be merged,
@@ -470,7 +472,8 @@ class BatchClient:
         Prompt tokens are counted with ``tokenizer`` (a local tokenizer directory), else with
         the provider's own when it is local (``Provider.tokenizer_path``), else estimated
         (``prompt_tokens_estimated``). ``cache``: count cache hits as the run would (None: the
-        client's switch).
+        client's switch). ``prices``: a :class:`~batchclient.PriceTable` to cost the tokens by
+        class (input, cached input, cache writes, output) at the provider's tier.
 
         Raises:
             FileNotFoundInStoreError: unknown ``file_id``.
@@ -486,6 +489,7 @@ class BatchClient:
             tokenizer=tokenizer,
             price_input=price_input,
             price_output=price_output,
+            prices=prices,
         )
 
 

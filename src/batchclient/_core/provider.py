@@ -15,6 +15,7 @@ from typing import Any, Self
 
 from ..errors import ConfigurationError
 from ..types import Endpoint
+from .ledger import Billing
 from .request import Request, Result
 from .tokens import Tokenizer
 
@@ -101,6 +102,12 @@ class Provider(abc.ABC):
         unknown)."""
         return None
 
+    def billing(self, model: str) -> Billing:
+        """How ``model``'s requests are billed here, for dry runs and cost reports
+        (:class:`~batchclient._core.ledger.Billing`). Default: the ``standard`` tier without a
+        prompt-cache rule."""
+        return Billing()
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -164,3 +171,6 @@ class DelegatingProvider(Provider):
 
     def concurrency_limit(self) -> int | None:
         return self.inner.concurrency_limit()
+
+    def billing(self, model: str) -> Billing:
+        return self.inner.billing(model)

@@ -27,7 +27,7 @@ from .._core.request import Result, failed
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
-from ._anthropic_cache import mark_shared_prefixes
+from ._anthropic_cache import mark_shared_prefixes, min_tokens
 from ._anthropic_translate import error_of, to_completion, to_params
 from ._backend import RemoteState, check_header_value, error_line, ok_line, unrun_line
 from ._options import AnthropicBatchOptions
@@ -150,6 +150,11 @@ class AnthropicBackend:
 
     async def context_length(self, model: str) -> int | None:
         return None
+
+    def cache_rule(self, model: str) -> tuple[int | None, bool]:
+        """(shortest cached prefix in tokens, whether cache writes are billed apart): the
+        model's minimum when prefixes are marked (:mod:`._anthropic_cache`), writes billed."""
+        return (min_tokens(model) if self.prompt_caching else None), True
 
     def wire_id(self, line: RequestLine) -> str:
         return str(line.seq)  # custom_id may be any string; Anthropic's must match an id rule

@@ -32,6 +32,7 @@ import orjson
 from anyio import to_thread
 from pydantic import ValidationError
 
+from .._core.prefix import PROMPT_CACHE_MIN_TOKENS
 from .._core.request import Result
 from .._redact import redact_url
 from .._routing.retry import RETRYABLE_STATUS
@@ -182,6 +183,10 @@ class OpenAIBackend:
     async def context_length(self, model: str) -> int | None:
         limit = ((await self._cards()) or {}).get(model, {}).get("max_model_len")
         return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+    def cache_rule(self, model: str) -> tuple[int | None, bool]:
+        """OpenAI caches prefixes of 1,024 tokens or more by itself; writes are plain input."""
+        return PROMPT_CACHE_MIN_TOKENS, False
 
     def wire_id(self, line: RequestLine) -> str:
         return line.custom_id

@@ -13,6 +13,7 @@ import anyio
 from anyio import to_thread
 
 from .._core.client import BatchClient
+from .._core.ledger import Billing
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.tokens import Tokenizer, local_tokenizer
@@ -146,6 +147,14 @@ class RemoteBatchProvider(Provider):
 
     def identity(self) -> dict[str, Any]:
         return self.backend.identity()
+
+    def billing(self, model: str) -> Billing:
+        """The ``batch`` tier; the backend's prompt-cache rule (Anthropic: the model's minimum
+        with cache writes billed apart, when it marks prefixes; OpenAI-shaped APIs: OpenAI's
+        automatic caching of 1,024 tokens or more; Gemini: none assumed)."""
+        rule = getattr(self.backend, "cache_rule", None)
+        minimum, writes = rule(model) if rule is not None else (None, False)
+        return Billing("batch", minimum, writes)
 
     async def models(self) -> list[str]:
         return sorted(await self.backend.models() or ())

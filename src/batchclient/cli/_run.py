@@ -46,6 +46,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from .. import _registry as registry
 from .._core.client import BatchClient
+from .._core.ledger import PriceTable, cost_of
+from .._core.provider import Provider
 from ..batchapi._flavors import PRICE_NOTES
 from ..errors import ConfigurationError
 from ..jobs import JobManager
@@ -108,6 +110,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="USD",
         help="USD per million output tokens",
     )
+    dry.add_argument(
+        "--prices",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a price table (JSON: per model and tier, per million input, cached input, cache "
+        "write and output tokens; docs/batch-api.md, 'What it costs'): the dry run's cost, and "
+        "a finished run's",
+    )
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -149,9 +160,10 @@ def make_client(args: argparse.Namespace) -> BatchClient:
 
 def run_command(args: argparse.Namespace) -> int:
     _check_paths(args)
+    prices = PriceTable.load(args.prices) if args.prices is not None else None
     client = make_client(args)
     if args.dry_run:
-        return _dry_run(client, args)
+        return _dry_run(client, args, prices)
     console = Console(stderr=True)
     job, written = anyio.run(_run, client, args, console)
     counts, usage = job.request_counts, job.usage
@@ -160,6 +172,8 @@ def run_command(args: argparse.Namespace) -> int:
         f"{job.id}: {job.status}; {counts.completed} completed, {counts.failed} failed of "
         f"{counts.total}{hits}; {usage.input_tokens} input / {usage.output_tokens} output tokens"
     )
+    for line in ledger_lines(job, client.provider, prices):
+        print(line)
     if job.status == "failed":
         for error in (job.errors.data if job.errors else [])[:20]:
             where = f"line {error.line}: " if error.line else ""
@@ -181,7 +195,35 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if job.status == "completed" else 1
 
 
-def _dry_run(client: BatchClient, args: argparse.Namespace) -> int:
+def ledger_lines(job: Batch, provider: Provider, prices: PriceTable | None) -> list[str]:
+    """A finished run's tokens by class and, with ``prices``, what they cost."""
+    usage = job.usage
+    details = usage.input_tokens_details
+    tier = provider.billing(job.model).tier if job.model else "standard"
+    lines = [
+        f"  tokens ({tier} tier): input {usage.input_tokens:,} of which {details.cached_tokens:,} "
+        f"read from the prompt cache and {details.cache_write_tokens:,} written to it; output "
+        f"{usage.output_tokens:,} of which {usage.output_tokens_details.reasoning_tokens:,} "
+        "reasoning"
+    ]
+    if prices is not None and job.model:
+        cost = cost_of(
+            prices, job.model, tier,
+            input_tokens=usage.input_tokens, cached_tokens=details.cached_tokens,
+            cache_write_tokens=details.cache_write_tokens, output_tokens=usage.output_tokens,
+        )  # fmt: skip
+        if cost is None:
+            lines.append(f"  cost: the price table has no {tier} price for {job.model}")
+        else:
+            lines.append(
+                f"  cost ({cost.currency}, prices of {cost.as_of}): {cost.total:,.4f} (uncached "
+                f"input {cost.input:,.4f}, cached input {cost.cached_input:,.4f}, cache writes "
+                f"{cost.cache_write:,.4f}, output {cost.output:,.4f})"
+            )
+    return lines
+
+
+def _dry_run(client: BatchClient, args: argparse.Namespace, prices: PriceTable | None) -> int:
     """``--dry-run``: nothing is sent and no engine is started (the provider is not entered;
     the remote one may ask ``GET /models`` for the model's identity and tokenizer)."""
 
@@ -200,6 +242,7 @@ def _dry_run(client: BatchClient, args: argparse.Namespace) -> int:
                     price_input=args.price_input,
                     price_output=args.price_output,
                     cache_on=args.cache,
+                    prices=prices,
                 )
             finally:
                 await client.provider.stop()
@@ -207,6 +250,8 @@ def _dry_run(client: BatchClient, args: argparse.Namespace) -> int:
     estimate = anyio.run(go)
     for line in describe(estimate):
         print(line)
+    if prices is not None and estimate.ok and estimate.cost is None:
+        print(f"cost:              the price table has no {estimate.tier} price for this model")
     flavor = getattr(client.provider, "flavor", None)
     if not isinstance(flavor, str) and args.provider in PRICE_NOTES:
         flavor = args.provider

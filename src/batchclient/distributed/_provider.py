@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from .._core.client import BatchClient
+from .._core.ledger import Billing
 from .._core.prefix import prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
@@ -299,6 +300,10 @@ class RayProvider(Provider):
 
     def max_in_flight(self) -> int:
         return self.max_concurrency * self.replicas
+
+    def billing(self, model: str) -> Billing:
+        """``local``: the engine runs here, its prefix cache at no price."""
+        return Billing("local")
 
     def concurrency_limit(self) -> int | None:
         return None if self._dispatcher is None else self._dispatcher.concurrency_limit()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from .._core.client import BatchClient
+from .._core.ledger import Billing
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
@@ -248,6 +249,10 @@ class VLLMProvider(Provider):
 
     def max_in_flight(self) -> int:
         return self.max_concurrency
+
+    def billing(self, model: str) -> Billing:
+        """``local``: the engine runs here, its prefix cache at no price."""
+        return Billing("local")
 
     def concurrency_limit(self) -> int | None:
         return self.max_concurrency

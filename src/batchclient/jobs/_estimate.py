@@ -9,12 +9,15 @@ and embeddings inputs alike). Memory stays flat whatever the size of the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 from anyio import to_thread
 
+from .._core.ledger import Billing, PriceTable, cost_of
 from .._core.prompt_tokens import PromptCounter
 from .._core.provider import Provider
 from ..cache import ResultCache
@@ -38,6 +41,7 @@ async def estimate_file(
     price_input: float | None = None,
     price_output: float | None = None,
     cache_on: bool | None = None,
+    prices: PriceTable | None = None,
 ) -> BatchEstimate:
     """Estimate the batch file at ``path`` (see :class:`~batchclient.BatchEstimate`).
 
@@ -47,8 +51,10 @@ async def estimate_file(
     ``provider`` gives the cache identity and, when ``tokenizer`` is None, a local tokenizer
     (``Provider.tokenizer_path``); neither needs the provider started. ``cache`` (None: off or
     empty) is looked up, never written; ``cache_on`` (default: whether ``cache`` is given) is
-    what the estimate reports as ``cache``. Raises ``ConfigurationError`` for a tokenizer that
-    cannot be loaded, or an endpoint the provider does not serve (as a run would).
+    what the estimate reports as ``cache``. ``provider.billing(model)`` gives the tier and the
+    prompt-cache rule; ``prices``: a price table to cost the tokens by class with. Raises
+    ``ConfigurationError`` for a tokenizer that cannot be loaded, or an endpoint the provider
+    does not serve (as a run would).
     """
     if endpoint is None:
         endpoint = await to_thread.run_sync(file_endpoint, path)
@@ -66,11 +72,18 @@ async def estimate_file(
         if tokenizer is None:
             tokenizer = await provider.tokenizer_path(model)
     counter = await to_thread.run_sync(PromptCounter, tokenizer)
+    billing = provider.billing(model) if provider is not None and model is not None else Billing()
     est = await to_thread.run_sync(
-        _estimate, path, endpoint, counter, cache, identity, price_input, price_output
+        _estimate, path, endpoint, counter, cache, identity, price_input, price_output, billing
     )
     if cache_on is not None:
         est.cache = cache_on
+    if prices is not None and model is not None and est.ok:
+        est.cost = cost_of(
+            prices, model, billing.tier,
+            input_tokens=est.prompt_tokens, cached_tokens=est.cached_input_tokens,
+            cache_write_tokens=est.cache_write_tokens, output_tokens=est.max_output_tokens,
+        )  # fmt: skip
     return est
 
 
@@ -94,9 +107,11 @@ def _estimate(
     identity: bytes | None,
     price_input: float | None,
     price_output: float | None,
+    billing: Billing,
 ) -> BatchEstimate:
-    est = BatchEstimate(cache=cache is not None)
+    est = BatchEstimate(cache=cache is not None, tier=billing.tier)
     block: list[tuple[str | None, dict[str, Any]]] = []
+    prefixes = _SharedPrefixes(counter, billing)
 
     def flush() -> None:
         if cache is not None and identity is not None:
@@ -109,6 +124,7 @@ def _estimate(
         block.clear()
         est.to_send += len(bodies)
         est.prompt_tokens += sum(counter.count(bodies)) if bodies else 0
+        prefixes.add(bodies)
         for body in bodies:
             cap = body.get("max_completion_tokens", body.get("max_tokens"))
             if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
@@ -134,6 +150,7 @@ def _estimate(
     est.requests = report.total
     if not report.ok:
         return BatchEstimate(requests=report.total, errors=report.errors, cache=est.cache)
+    est.cached_input_tokens, est.cache_write_tokens = prefixes.totals()
     est.tokenizer = counter.name
     est.prompt_tokens_estimated = counter.estimated
     if price_input is not None or price_output is not None:
@@ -142,6 +159,46 @@ def _estimate(
         est.output_cost_usd = est.max_output_tokens * (price_output or 0.0) / 1e6
         est.cost_usd = est.input_cost_usd + est.output_cost_usd
     return est
+
+
+class _SharedPrefixes:
+    """The chat prefixes (every message but the last) of the requests to send, by digest, with
+    how many requests have each and its token count (counted once per distinct prefix), for
+    the input a prompt cache would read (every request of a shared prefix but the first) and
+    write (the first, where writes are billed apart) under the provider's rule."""
+
+    def __init__(self, counter: PromptCounter, billing: Billing) -> None:
+        self.counter, self.billing = counter, billing
+        self.seen: dict[bytes, list[int]] = {}  # digest -> [requests, tokens]
+
+    def add(self, bodies: list[dict[str, Any]]) -> None:
+        if self.billing.cache_min_tokens is None:
+            return
+        for body in bodies:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or len(messages) < 2:
+                continue
+            try:
+                data = orjson.dumps(messages[:-1])
+            except TypeError:
+                continue
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            entry = self.seen.get(digest)
+            if entry is None:
+                tokens = self.counter.count([{**body, "messages": messages[:-1]}])[0]
+                self.seen[digest] = [1, tokens]
+            else:
+                entry[0] += 1
+
+    def totals(self) -> tuple[int, int]:
+        """(cached input tokens, cache-write tokens) over every shared prefix long enough."""
+        least = self.billing.cache_min_tokens
+        cached = written = 0
+        for requests, tokens in self.seen.values():
+            if least is not None and requests > 1 and tokens >= least:
+                cached += (requests - 1) * tokens
+                written += tokens if self.billing.cache_writes else 0
+        return cached, written
 
 
 def describe(est: BatchEstimate) -> list[str]:
@@ -175,8 +232,19 @@ def describe(est: BatchEstimate) -> list[str]:
         f"requests:          {est.requests:,} lines; {est.to_send:,} to send "
         f"({est.merged:,} identical greedy lines merged; {cache})",
         f"prompt tokens:     {est.prompt_tokens:,} ({how})",
+        f"  of which cached: {est.cached_input_tokens:,} read from the prompt cache, "
+        f"{est.cache_write_tokens:,} written to it, "
+        f"{est.prompt_tokens - est.cached_input_tokens - est.cache_write_tokens:,} uncached "
+        f"({est.tier} tier)",
         f"max output tokens: {est.max_output_tokens:,} ({caps})",
     ]
+    if est.cost is not None:
+        c = est.cost
+        lines.append(
+            f"cost ({c.currency}):        {c.total:,.4f} at most at the prices of {c.as_of} "
+            f"({c.model}, {c.tier}): uncached input {c.input:,.4f}, cached input "
+            f"{c.cached_input:,.4f}, cache writes {c.cache_write:,.4f}, output {c.output:,.4f}"
+        )
     if est.cost_usd is not None:
         lines.append(
             f"cost:              ${est.cost_usd:,.4f} at most (input ${est.input_cost_usd:,.4f} "

@@ -28,7 +28,8 @@ from yarl import URL
 
 from .._core.client import BatchClient
 from .._core.decode import http_error, load_json
-from .._core.prefix import prefix_key
+from .._core.ledger import Billing
+from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
@@ -224,6 +225,12 @@ class RemoteProvider(Provider):
 
     def concurrency_limit(self) -> int | None:
         return self._dispatcher.concurrency_limit()
+
+    def billing(self, model: str) -> Billing:
+        """``flex`` with ``service_tier="flex"``, else ``standard``; prefixes of 1,024 tokens
+        or more are cached (OpenAI's automatic caching; vLLM's prefix cache takes shorter ones,
+        at no price), writes not billed apart."""
+        return Billing("flex" if self.flex else "standard", PROMPT_CACHE_MIN_TOKENS)
 
     def replica_stats(self) -> list[LaneStats]:
         """Per (replica, model) lane: current concurrency limit, requests sent, successes,
