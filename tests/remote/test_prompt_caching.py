@@ -13,10 +13,13 @@ import anyio
 import pytest
 
 from batchclient import RemoteBatchInference
-from batchclient._core.prefix import PROMPT_CACHE_MIN_TOKENS, mark_shared_prefixes
+from batchclient._core.prefix import (
+    PROMPT_CACHE_MIN_TOKENS,
+    keys_prompt_caches,
+    mark_shared_prefixes,
+)
 from batchclient._core.request import Request
 from batchclient.errors import ConfigurationError
-from batchclient.remote._client import keys_prompt_caches
 from batchclient.testing import StubServer
 
 # about 1,500 tokens of few-shot text each: over the 1,024 a cache needs
@@ -160,3 +163,36 @@ async def test_a_job_marks_its_lines_and_keeps_a_line_s_own_key(tmp_path: Path) 
     assert keys["A"] - {"mine"} and len(keys["A"] - {"mine"}) == 1 and "mine" in keys["A"]
     assert len(keys["B"]) == 1 and None not in keys["B"] and keys["short"] == {None}
     assert sum(b.get("prompt_cache_key") == "mine" for b in bodies) == 1
+
+
+async def test_batch_api_lines_get_one_key_per_shared_prefix(tmp_path: Path) -> None:
+    """The OpenAI-shaped Batch API: the part's lines are keyed as the fan-out's requests are
+    (one key per shared long prefix; a line's own key kept); false sends the file as it is."""
+    from batchclient import BatchAPIBatchInference
+    from batchclient.remote import RetryPolicy
+    from batchclient.testing import BatchAPIStub
+
+    def sent_lines(stub: BatchAPIStub) -> list[dict[str, Any]]:
+        return [line["body"] for batch in stub.batches.values() for line in batch.lines]
+
+    for caching in (True, False):
+        with BatchAPIStub() as stub:
+            async with BatchAPIBatchInference(
+                stub.url,
+                prompt_caching=caching,
+                poll_interval_s=0.02,
+                retry=RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05),
+                state_dir=tmp_path / f"state-{caching}",
+            ) as client:
+                result = await client.batch_chat_completion("smollm2", conversations())
+            assert not result.errors and len(result.batch) == 20
+            keys = keys_by_system(sent_lines(stub))
+        if caching:
+            assert len(keys["A"]) == 1 and len(keys["B"]) == 1 and keys["A"] != keys["B"]
+            assert None not in keys["A"] | keys["B"] and keys["short"] == {None}
+        else:
+            assert set().union(*keys.values()) == {None}
+    assert BatchAPIBatchInference(
+        "https://api.openai.com/v1", api_key="k"
+    ).provider.backend.prompt_caching  # type: ignore[attr-defined]
+    assert not BatchAPIBatchInference("http://127.0.0.1:9/v1").provider.backend.prompt_caching  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
+from yarl import URL
 
 from ..types import Endpoint
 from .request import Request
@@ -42,6 +43,7 @@ __all__ = [
     "LOOK_AHEAD",
     "PROMPT_CACHE_MIN_TOKENS",
     "group_by_prefix",
+    "keys_prompt_caches",
     "mark_shared_prefixes",
     "prefix_key",
 ]
@@ -59,6 +61,18 @@ Measured in the prefix's JSON at :data:`BYTES_PER_TOKEN`."""
 BYTES_PER_TOKEN = 4
 """Bytes of JSON text per token for that estimate (English text runs about 4 characters per
 token with OpenAI's tokenizers; JSON punctuation makes it an overestimate of the bytes)."""
+
+
+_CACHE_KEY_HOSTS = ("api.openai.com",)
+_CACHE_KEY_DOMAINS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+
+
+def keys_prompt_caches(origin: str) -> bool:
+    """Whether a server at ``origin`` (``scheme://host:port``) is OpenAI's or Azure OpenAI's,
+    whose prompt caches are routed by ``prompt_cache_key`` (``prompt_caching="auto"`` sends it
+    to these only: other servers may refuse a field they do not know)."""
+    host = (URL(origin).host or "").lower().rstrip(".")
+    return host in _CACHE_KEY_HOSTS or host.endswith(_CACHE_KEY_DOMAINS)
 
 
 def _chat_prefix(body: dict[str, Any]) -> bytes | None:

@@ -31,9 +31,10 @@ import anyio
 import orjson
 from anyio import to_thread
 from pydantic import ValidationError
+from yarl import URL
 
-from .._core.prefix import PROMPT_CACHE_MIN_TOKENS
-from .._core.request import Result
+from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, keys_prompt_caches, mark_shared_prefixes
+from .._core.request import Request, Result
 from .._redact import redact_url
 from .._routing.retry import RETRYABLE_STATUS
 from ..errors import ConfigurationError
@@ -90,6 +91,13 @@ class OpenAIBackend:
         if api_key:
             self._headers["Authorization"] = "Bearer " + check_header_value("api_key", api_key)
         self._session: aiohttp.ClientSession | None = None
+        caching = options["prompt_caching"]
+        if caching not in (True, False, "auto") or type(caching) not in (bool, str):
+            raise ConfigurationError(
+                f"prompt_caching must be 'auto', True or False, not {caching!r}"
+            )
+        origin = str(URL(self._url).origin())
+        self.prompt_caching = caching is True or (caching == "auto" and keys_prompt_caches(origin))
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}
@@ -197,14 +205,19 @@ class OpenAIBackend:
     async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
         """``POST /files`` (purpose ``batch``; Together: ``batch-api``), streamed from disk."""
         name = f"{marks.get('batchclient_job', 'batch')}-part{marks.get('batchclient_part', 0)}"
-        f = await to_thread.run_sync(path.open, "rb")
+        keyed = await to_thread.run_sync(_with_cache_keys, path) if self.prompt_caching else None
+        f = await to_thread.run_sync(path.open, "rb") if keyed is None else None
         try:
             form = aiohttp.FormData()
             form.add_field("purpose", self.spec.purpose)
-            form.add_field("file", f, filename=f"{name}.jsonl", content_type="application/jsonl")
+            content = keyed if f is None else f
+            form.add_field(
+                "file", content, filename=f"{name}.jsonl", content_type="application/jsonl"
+            )
             data = await self._json("POST", "/files", data=form)
         finally:
-            f.close()
+            if f is not None:
+                f.close()
         if not isinstance(data.get("id"), str):
             raise ApiError("POST /files: answer has no file id", status=200, transient=True)
         return str(data["id"])
@@ -332,6 +345,28 @@ def _retryable(obj: Any) -> bool:
     if isinstance(response, dict):
         return response.get("status_code") in RETRYABLE_STATUS
     return isinstance(error, dict) and error.get("code") in _RETRYABLE_CODES
+
+
+def _with_cache_keys(path: Path) -> bytes | None:
+    """A part's lines with a ``prompt_cache_key`` in the body of each chat line whose long
+    prefix another line of the part shares (``_core.prefix.mark_shared_prefixes``, the rule of
+    the remote fan-out); None when no line gets one (the file is uploaded as it is)."""
+    lines = path.read_bytes().splitlines()
+    parsed = [orjson.loads(line) for line in lines]
+    requests = [
+        Request(i, item["body"])
+        for i, item in enumerate(parsed)
+        if isinstance(item.get("body"), dict) and item.get("url") == Endpoint.chat_completions
+    ]
+    mark_shared_prefixes(requests)
+    keyed = False
+    for request in requests:
+        body = request.body
+        if request.prompt_cache_key is not None and "prompt_cache_key" not in body:
+            body["prompt_cache_key"] = request.prompt_cache_key
+            lines[request.index] = orjson.dumps(parsed[request.index])
+            keyed = True
+    return b"".join(line + b"\n" for line in lines) if keyed else None
 
 
 def _first_model(path: Path) -> str | None:

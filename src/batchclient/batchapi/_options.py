@@ -143,6 +143,16 @@ class BatchAPIOptions(RemoteBatchOptions, total=False):
             metavar="DIR",
         ),
     ]
+    prompt_caching: Annotated[
+        bool | Literal["auto"],
+        Option(
+            "auto",
+            "Add a prompt_cache_key to each chat line whose prefix (every message but the last, "
+            "1,024 tokens or more) another line of its remote batch shares: one key per prefix. "
+            "auto: on OpenAI's and Azure OpenAI's hosts only; true: any server; false: never. "
+            "A line's own key is kept.",
+        ),
+    ]
 
 
 class AnthropicBatchOptions(RemoteBatchOptions, total=False):

@@ -24,12 +24,11 @@ from typing import Any, Unpack
 import anyio
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
-from yarl import URL
 
 from .._core.client import BatchClient
 from .._core.decode import http_error, load_json
 from .._core.ledger import Billing
-from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, prefix_key
+from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, keys_prompt_caches, prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
 from .._core.scoring import prompt_logprobs_body
@@ -585,18 +584,6 @@ class RemoteProvider(Provider):
         if status in RETRYABLE_STATUS:
             raise RetryableFailure(result)
         return result
-
-
-_CACHE_KEY_HOSTS = ("api.openai.com",)
-_CACHE_KEY_DOMAINS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
-
-
-def keys_prompt_caches(origin: str) -> bool:
-    """Whether a server at ``origin`` (``scheme://host:port``) is OpenAI's or Azure OpenAI's,
-    whose prompt caches are routed by ``prompt_cache_key`` (``prompt_caching="auto"`` sends it
-    to these only: other servers may refuse a field they do not know)."""
-    host = (URL(origin).host or "").lower().rstrip(".")
-    return host in _CACHE_KEY_HOSTS or host.endswith(_CACHE_KEY_DOMAINS)
 
 
 _CAPACITY_WORDS = ("resource_unavailable", "resource unavailable", "capacity")
