@@ -410,11 +410,7 @@ class RemoteProvider(Provider):
         data = _encoded(body)
         if isinstance(data, Result):
             return data
-        path = _PATHS[endpoint]
-        try:
-            return await self._attempt(model, path, body, data, endpoint, None)
-        except RetryableFailure as first:
-            return await self._retry(model, path, body, data, endpoint, first)
+        return await self._send(model, _PATHS[endpoint], body, data, endpoint, None)
 
     async def _all_vllm(self) -> bool:
         for replica in self._dispatcher.replicas:
