@@ -202,8 +202,7 @@ class RemoteOptions(TypedDict, total=False):
             "Sent as service_tier with every request, a body's own kept (OpenAI, Gemini and "
             "Groq take flex: batch prices, answers in minutes). With flex, timeout_s defaults "
             "to 900, and capacity refusals (429 resource_unavailable, 498, 503) are waited out "
-            "and sent again without counting as retries, for up to timeout_s after the first "
-            "send.",
+            "and sent again, past max_retries, until timeout_s after the first send.",
             metavar="TIER",
         ),
     ]
