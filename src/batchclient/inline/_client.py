@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..models import BUNDLED_MAX_MODEL_LEN, BUNDLED_MODEL_NAME, resolve_model
 from ..types import Endpoint
+from ._logprob_gate import side_of
 from ._mapping import Plan, Refusal, completion_body, logprobs_content, map_body, resolve_max_tokens
 from ._next_tokens import NextTokenGroups
 from ._options import VLLMOptions
@@ -450,8 +451,9 @@ class VLLMProvider(Provider):
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         final: Any = None
         try:
-            async for output in llm.generate(prompt, params, request_id):
-                final = output
+            async with engine.gate.enter(side_of(params)):
+                async for output in llm.generate(prompt, params, request_id):
+                    final = output
         except anyio.get_cancelled_exc_class():
             # vLLM aborts on cancellation itself, but its abort can be cut short by a
             # cancelled scope (or skipped when cancelled mid-submit); aborting twice is harmless.

@@ -40,6 +40,7 @@ from .. import _cpu as _binding
 from .._engine_defaults import EngineDefaults, decide, stop_grace_s
 from ..models import BUNDLED_MAX_MODEL_LEN
 from . import _forced
+from ._logprob_gate import LogprobGate
 
 ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 """The engine arguments this vLLM accepts (``AsyncEngineArgs`` fields)."""
@@ -134,6 +135,7 @@ class Engine:
     chat_template: str | None = None
     binding: str | None = None  # VLLM_CPU_OMP_THREADS_BIND the engine started with (CPU)
     forcing: bool = False  # has the ForcedTokens logits processor (._forced)
+    gate: LogprobGate = field(default_factory=LogprobGate)  # log-probability kinds apart
 
 
 def _generating(args: Mapping[str, Any]) -> bool:

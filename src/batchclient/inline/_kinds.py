@@ -46,6 +46,7 @@ from ._completions import (
     prompt_logprobs_json,
 )
 from ._forced import FORCED_TOKENS
+from ._logprob_gate import side_of
 from ._mapping import Refusal
 from ._next_tokens import copy_result
 
@@ -80,10 +81,14 @@ async def _final(outputs: AsyncIterator[Any], llm: Any, request_id: str) -> Any:
     return final
 
 
-async def _generate(llm: Any, ids: list[int], params: Any, request_id: str, limiter: Any) -> Any:
-    """The final output of one generation request over token ids, sent under ``limiter``;
-    raises what the engine raises."""
-    async with limiter:
+async def _generate(
+    engine: Engine, ids: list[int], params: Any, request_id: str, limiter: Any
+) -> Any:
+    """The final output of one generation request over token ids, sent under ``limiter`` and
+    the engine's log-probability gate (:mod:`._logprob_gate`); raises what the engine
+    raises."""
+    llm = engine.llm
+    async with limiter, engine.gate.enter(side_of(params)):
         return await _final(
             llm.generate({"prompt_token_ids": ids}, params, request_id), llm, request_id
         )
@@ -127,7 +132,7 @@ async def complete(
         return _error(exc)
     started, started_wall = time.perf_counter(), time.time()
     try:
-        final = await _generate(llm, ids, params, request_id, limiter)
+        final = await _generate(engine, ids, params, request_id, limiter)
     except Exception as exc:
         return _error(exc)
     if final is None or not final.outputs:
@@ -198,7 +203,7 @@ async def score_next_tokens(
         return every(_error(exc))
     started, started_wall = time.perf_counter(), time.time()
     try:
-        final = await _generate(llm, context, params, request_id, limiter)
+        final = await _generate(engine, context, params, request_id, limiter)
     except Exception as exc:
         return every(_error(exc))
     try:
@@ -295,7 +300,7 @@ async def score_forced(
         return _error(exc)
     started, started_wall = time.perf_counter(), time.time()
     try:
-        final = await _generate(llm, context, params, request_id, limiter)
+        final = await _generate(engine, context, params, request_id, limiter)
     except Exception as exc:
         return _error(exc)
     try:
