@@ -42,6 +42,7 @@ from .request import Request
 __all__ = [
     "LOOK_AHEAD",
     "PROMPT_CACHE_MIN_TOKENS",
+    "chat_prefix",
     "group_by_prefix",
     "keys_prompt_caches",
     "mark_shared_prefixes",
@@ -75,7 +76,7 @@ def keys_prompt_caches(origin: str) -> bool:
     return host in _CACHE_KEY_HOSTS or host.endswith(_CACHE_KEY_DOMAINS)
 
 
-def _chat_prefix(body: dict[str, Any]) -> bytes | None:
+def chat_prefix(body: dict[str, Any]) -> bytes | None:
     """A chat body's prefix (every message but the last) as JSON, or None without one."""
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > 1:
@@ -95,36 +96,40 @@ def prefix_key(request: Request) -> int | None:
         if start > 0 and isinstance(prompt, list):
             return hash(tuple(prompt[:start]))
         return None
-    prefix = _chat_prefix(body)
+    prefix = chat_prefix(body)
     return None if prefix is None else hash(prefix)
 
 
-def mark_shared_prefixes(requests: list[Request]) -> None:
+def _chat_prefixes(requests: list[Request]) -> list[bytes | None]:
+    """Each request's chat prefix as JSON (:func:`chat_prefix`), None for a request of
+    another endpoint or refused before dispatch."""
+    return [
+        chat_prefix(r.body) if r.endpoint is Endpoint.chat_completions and r.error is None else None
+        for r in requests
+    ]
+
+
+def mark_shared_prefixes(
+    requests: list[Request], prefixes: list[bytes | None] | None = None
+) -> None:
     """Set ``prompt_cache_key`` on every chat request of ``requests`` whose prefix (every
     message but the last) is at least :data:`PROMPT_CACHE_MIN_TOKENS` long and is shared by
     another request of ``requests``: ``"bc-"`` and 32 hex digits of the prefix's BLAKE2b
     digest, so requests with one prefix get one key and different prefixes different keys.
-    Requests that share nothing, or share only a short prefix, get none."""
+    Requests that share nothing, or share only a short prefix, get none. ``prefixes``: the
+    requests' :func:`_chat_prefixes`, when the caller has them already."""
     if len(requests) < 2:
         return
-    prefixes: list[bytes | None] = []
-    seen: dict[bytes, int] = {}
+    if prefixes is None:
+        prefixes = _chat_prefixes(requests)
     least = PROMPT_CACHE_MIN_TOKENS * BYTES_PER_TOKEN
-    for request in requests:
-        body = request.body
-        prefix = None
-        if request.endpoint is Endpoint.chat_completions and request.error is None:
-            messages = body.get("messages")
-            if isinstance(messages, list) and len(messages) > 1:
-                prefix = _chat_prefix(body)
-                if prefix is not None and len(prefix) < least:
-                    prefix = None
-        prefixes.append(prefix)
-        if prefix is not None:
+    seen: dict[bytes, int] = {}
+    for prefix in prefixes:
+        if prefix is not None and len(prefix) >= least:
             seen[prefix] = seen.get(prefix, 0) + 1
     keys: dict[bytes, str] = {}
     for request, prefix in zip(requests, prefixes, strict=True):
-        if prefix is not None and seen[prefix] > 1:
+        if prefix is not None and seen.get(prefix, 0) > 1:
             key = keys.get(prefix)
             if key is None:
                 key = keys[prefix] = "bc-" + hashlib.blake2b(prefix, digest_size=16).hexdigest()
@@ -137,8 +142,12 @@ def group_by_prefix(requests: Iterable[Request], look_ahead: int = LOOK_AHEAD) -
     relative to the groups around them."""
     source = iter(requests)
     while chunk := list(itertools.islice(source, look_ahead)):
-        mark_shared_prefixes(chunk)
-        keys = [prefix_key(request) for request in chunk]
+        prefixes = _chat_prefixes(chunk)  # each prefix encoded once, for both uses
+        mark_shared_prefixes(chunk, prefixes)
+        keys = [
+            hash(prefix) if prefix is not None else prefix_key(request)
+            for request, prefix in zip(chunk, prefixes, strict=True)
+        ]
         keyed = [key for key in keys if key is not None]
         if len(set(keyed)) == len(keyed):  # nothing shared: as it came (no group built)
             yield from chunk

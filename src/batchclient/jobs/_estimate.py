@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import orjson
 from anyio import to_thread
 
 from .._core.ledger import Billing, PriceTable, cost_of
+from .._core.prefix import chat_prefix
 from .._core.prompt_tokens import PromptCounter
 from .._core.provider import Provider
 from ..cache import ResultCache
@@ -175,17 +175,13 @@ class _SharedPrefixes:
         if self.billing.cache_min_tokens is None:
             return
         for body in bodies:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or len(messages) < 2:
-                continue
-            try:
-                data = orjson.dumps(messages[:-1])
-            except TypeError:
+            data = chat_prefix(body)
+            if data is None:
                 continue
             digest = hashlib.blake2b(data, digest_size=16).digest()
             entry = self.seen.get(digest)
             if entry is None:
-                tokens = self.counter.count([{**body, "messages": messages[:-1]}])[0]
+                tokens = self.counter.count([{**body, "messages": body["messages"][:-1]}])[0]
                 self.seen[digest] = [1, tokens]
             else:
                 entry[0] += 1
