@@ -48,11 +48,14 @@ class Billing:
     """How a provider bills one model's requests: ``tier``; ``cache_min_tokens``: the shortest
     shared prefix its prompt cache takes (None: it has none a user pays less for);
     ``cache_writes``: whether writing to that cache is billed apart (Anthropic: yes; OpenAI and
-    Gemini: no, a write is plain input)."""
+    Gemini: no, a write is plain input); ``cache_min_requests``: how many requests must share a
+    prefix before it is cached (Gemini's explicit caching waits for enough to pay for the
+    storage)."""
 
     tier: Tier = "standard"
     cache_min_tokens: int | None = None
     cache_writes: bool = False
+    cache_min_requests: int = 2
 
 
 class TierPrices(BaseModel):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import orjson
 
+from .._core.ledger import Billing
 from .._core.request import Result, failed
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
@@ -151,10 +152,10 @@ class AnthropicBackend:
     async def context_length(self, model: str) -> int | None:
         return None
 
-    def cache_rule(self, model: str) -> tuple[int | None, bool]:
-        """(shortest cached prefix in tokens, whether cache writes are billed apart): the
-        model's minimum when prefixes are marked (:mod:`._anthropic_cache`), writes billed."""
-        return (min_tokens(model) if self.prompt_caching else None), True
+    def billing(self, model: str) -> Billing:
+        """The batch tier; prefixes cached from the model's minimum when they are marked
+        (:mod:`._anthropic_cache`), cache writes billed apart."""
+        return Billing("batch", min_tokens(model) if self.prompt_caching else None, True)
 
     def wire_id(self, line: RequestLine) -> str:
         return str(line.seq)  # custom_id may be any string; Anthropic's must match an id rule

@@ -9,13 +9,20 @@ again in ``GET batches``. Polls and results read the batch operation's JSON, not
 (:mod:`._gemini_translate`): one malformed answer is its own request's
 ``bad_upstream_response``. Per-request ``google.rpc.Status`` errors ``UNAVAILABLE``,
 ``INTERNAL``, ``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are retryable, the others final.
+
+A prefix shared widely enough is sent once as a cached content (:mod:`._gemini_cache`): made
+just before the part goes (its upload, or the inline create), renewed while the batch runs,
+deleted once the batch's results are read.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,11 +30,21 @@ import anyio
 import orjson
 from anyio import to_thread
 
+from .._core.ledger import Billing
 from .._core.request import Result, failed
 from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._backend import RemoteState, rest_line
+from ._gemini_cache import (
+    AUTO_MIN_REQUESTS,
+    RENEW_AFTER_S,
+    TTL_S,
+    cache_name_prefix,
+    min_tokens,
+    reading,
+    shared_prefixes,
+)
 from ._gemini_files import first_model, inline_requests, write_file, write_inline
 from ._gemini_translate import Unsupported, to_request
 from ._options import GeminiBatchOptions
@@ -40,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["GEMINI_URL", "INLINE_BYTES", "INLINE_CAP", "MAX_BYTES", "MAX_LINES", "GeminiBackend"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 GEMINI_URL = "https://generativelanguage.googleapis.com"
 MAX_BYTES = int(0.95 * 2 * 1024**3)
@@ -59,6 +77,10 @@ _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
     | {"JOB_STATE_PAUSED", "JOB_STATE_UPDATING"}
 )
+
+
+_CACHED = " (cached prefixes)"
+"""Ends the display name of a batch whose requests read cached contents."""
 
 
 def _display_name(marks: dict[str, str]) -> str:
@@ -102,6 +124,18 @@ class GeminiBackend:
         self._timeout_s = options["timeout_s"]
         self._headers = dict(options["headers"] or {})
         self._retry_after_cap_s = options["retry"].retry_after_cap_s
+        caching = options["prompt_caching"]
+        if caching not in (True, False, "auto"):
+            raise ConfigurationError(
+                f"prompt_caching must be 'auto', True or False, not {caching!r}"
+            )
+        self.cache_min_requests: int | None = (
+            None if caching is False else 2 if caching is True else AUTO_MIN_REQUESTS
+        )
+        """Requests of a batch that must share a prefix for it to be cached; None: never."""
+        self._cached_parts: dict[Path, Path] = {}  # a part file -> its requests reading caches
+        self._plain_parts: set[Path] = set()  # part files seen here with nothing to cache
+        self._renewed: dict[str, float] = {}  # remote batch -> monotonic time of the last renewal
         self._client: genai.Client | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -158,6 +192,13 @@ class GeminiBackend:
     async def context_length(self, model: str) -> int | None:
         return None
 
+    def billing(self, model: str) -> Billing:
+        """The batch tier; with caching, prefixes from the model's minimum shared by
+        :attr:`cache_min_requests` requests are read cached (the one create billed as input)."""
+        if self.cache_min_requests is None:
+            return Billing("batch")
+        return Billing("batch", min_tokens(model), False, self.cache_min_requests)
+
     def wire_id(self, line: RequestLine) -> str:
         return str(line.seq)  # custom_id may be any string; a key is kept short and plain
 
@@ -185,6 +226,7 @@ class GeminiBackend:
         size = (await anyio.Path(path).stat()).st_size
         if size <= self.inline_bytes:
             return None
+        path = await self._with_caches(path, marks)
         config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
         uploaded = await self._call(
             "upload the batch input file",
@@ -199,31 +241,148 @@ class GeminiBackend:
     ) -> str:
         from google.genai import types
 
-        config = types.CreateBatchJobConfig(display_name=_display_name(marks))
         src: list[Any] | str
         if upload is None:
-            model, src = await to_thread.run_sync(inline_requests, path)
+            source = await self._with_caches(path, marks)
+            model, src = await to_thread.run_sync(inline_requests, source)
             what = "create an inline batch"
         else:
             model = await to_thread.run_sync(first_model, path)
             src, what = upload, f"create a batch from {upload}"
+        # a batch whose requests read cached contents says so: its end deletes them
+        cached = path in self._cached_parts
+        if upload is not None and not cached and path not in self._plain_parts:
+            # uploaded by an earlier process: the caches it made for the part tell
+            cached = self.cache_min_requests is not None and bool(
+                await self._caches_of(_display_name(marks))
+            )
+        label = _display_name(marks) + (_CACHED if cached else "")
+        config = types.CreateBatchJobConfig(display_name=label)
         job = await self._call(
             what, lambda: self._aio().batches.create(model=model, src=src, config=config)
         )
         if not job.name:
             raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
+        self._plain_parts.discard(path)
+        rewritten = self._cached_parts.pop(path, None)
+        if rewritten is not None:
+            await anyio.Path(rewritten).unlink(missing_ok=True)
+            self._renewed[str(job.name)] = time.monotonic()
         return str(job.name)
+
+    # ------------------------------------------------------------------ cached contents
+
+    async def _with_caches(self, path: Path, marks: dict[str, str]) -> Path:
+        """The part file with each shared prefix worth it (:mod:`._gemini_cache`) made a
+        cached content its requests read, beside ``path``; ``path`` itself when none is. Made
+        once per part in this process (a retried upload or create reuses them)."""
+        least = self.cache_min_requests
+        if least is None:
+            return path
+        known = self._cached_parts.get(path)
+        if known is not None and await anyio.Path(known).exists():
+            return known
+        self._plain_parts.add(path)
+        lines = await to_thread.run_sync(_read_lines, path)
+        if len(lines) < least:
+            return path
+        model = str(lines[0]["request"]["model"])
+        groups = shared_prefixes([line["request"] for line in lines], model, least)
+        if not groups:
+            return path
+        name_prefix, made = cache_name_prefix(_display_name(marks)), 0
+        for n, group in enumerate(groups):
+            body = {
+                **group.content,
+                "model": model,
+                "ttl": f"{TTL_S}s",
+                "displayName": f"{name_prefix}{n}",
+            }
+            name = await self._create_cache(body, len(group.requests))
+            if name is None:
+                continue
+            made += 1
+            for at in group.requests:
+                lines[at]["request"] = reading(lines[at]["request"], name)
+        if not made:
+            return path
+        out = path.with_name(path.name + ".cached")
+        await to_thread.run_sync(_write_lines, out, lines)
+        self._plain_parts.discard(path)
+        self._cached_parts[path] = out
+        return out
+
+    async def _create_cache(self, body: dict[str, Any], readers: int) -> str | None:
+        """Create one cached content (through the SDK's transport: the prefix goes as the
+        JSON it is, not through the SDK's types); its name, or None when Gemini refuses it
+        (too short for the model after all, a model without explicit caching: its requests
+        go as they are). A transient failure raises (the upload or create is tried again)."""
+
+        async def create() -> Any:
+            return await self._aio()._api_client.async_request("post", "cachedContents", body)
+
+        try:
+            response = await self._call("create a cached content", create)
+        except ApiError as exc:
+            if exc.transient:
+                raise
+            log.info("a shared prefix of %d requests goes uncached: %s", readers, exc)
+            return None
+        try:
+            name = orjson.loads(response.body or b"{}").get("name")
+        except (orjson.JSONDecodeError, AttributeError):
+            name = None
+        if not isinstance(name, str) or not name.startswith("cachedContents/"):
+            log.info("a shared prefix goes uncached: the create answered no cachedContents name")
+            return None
+        return name
+
+    async def _caches_of(self, display_name: str) -> list[str]:
+        """The names of the cached contents made for the batch labelled ``display_name``."""
+        prefix = cache_name_prefix(display_name)
+
+        async def scan() -> list[str]:
+            pager = await self._aio().caches.list(config={"page_size": 1000})
+            return [str(c.name) async for c in pager if (c.display_name or "").startswith(prefix)]
+
+        return await self._call("list cached contents", scan)
+
+    async def _renew_caches(self, remote_id: str, display_name: str) -> None:
+        """Give a running batch's cached contents another :data:`TTL_S` seconds, at most every
+        :data:`RENEW_AFTER_S` seconds (one list and one update per cached content). A failure
+        is logged and tried again at the next renewal: the poll goes on."""
+        now = time.monotonic()
+        if now - self._renewed.get(remote_id, -RENEW_AFTER_S) < RENEW_AFTER_S:
+            return
+        self._renewed[remote_id] = now
+        try:
+            for name in await self._caches_of(display_name):
+                update = partial(self._aio().caches.update, name=name, config={"ttl": f"{TTL_S}s"})
+                await self._call(f"renew {name}", update)
+        except ApiError as exc:
+            log.warning("the cached contents of %s were not renewed: %s", remote_id, exc)
+
+    async def _drop_caches(self, remote_id: str, display_name: str) -> None:
+        """Delete an ended batch's cached contents. A failure is logged, not raised: each
+        expires by its TTL anyway, and the batch's results are what matters."""
+        self._renewed.pop(remote_id, None)
+        try:
+            for name in await self._caches_of(display_name):
+                delete = partial(self._aio().caches.delete, name=name)
+                await self._call(f"delete {name}", delete)
+        except ApiError as exc:
+            log.warning("a cached content of %s was not deleted (it expires): %s", remote_id, exc)
 
     async def find(
         self, upload: str | None, marks: dict[str, str], lines: int, since: float
     ) -> str | None:
-        name = _display_name(marks)
+        names = (_display_name(marks), _display_name(marks) + _CACHED)
 
         async def scan() -> str | None:
             pager = await self._aio().batches.list(config={"page_size": 100})
             seen = 0
             async for job in pager:
-                if job.display_name == name:
+                if job.display_name in names:
                     return str(job.name)
                 seen += 1
                 if seen >= 2000:  # newest first: an older batch is no lost create of ours
@@ -252,7 +411,7 @@ class GeminiBackend:
         return data
 
     async def poll(self, remote_id: str) -> RemoteState:
-        meta = (await self._operation(remote_id)).get("metadata") or {}
+        meta = _object((await self._operation(remote_id)).get("metadata"))
         stats = _object(meta.get("batchStats"))
         counts = (
             _count(stats.get("successfulRequestCount")),
@@ -260,6 +419,9 @@ class GeminiBackend:
         )
         state = _state(meta)
         if state in _RUNNING:
+            label = str(meta.get("displayName") or "")
+            if label.endswith(_CACHED):
+                await self._renew_caches(remote_id, label.removesuffix(_CACHED))
             return RemoteState("in_progress", *counts)
         if state == "JOB_STATE_CANCELLING":
             return RemoteState("cancelling", *counts)
@@ -273,6 +435,13 @@ class GeminiBackend:
 
     async def results(self, remote_id: str, dest: Path) -> None:
         op = await self._operation(remote_id)
+        meta = _object(op.get("metadata"))
+        await self._write_results(remote_id, op, dest)
+        label = str(meta.get("displayName") or "")
+        if label.endswith(_CACHED):
+            await self._drop_caches(remote_id, label.removesuffix(_CACHED))
+
+    async def _write_results(self, remote_id: str, op: dict[str, Any], dest: Path) -> None:
         meta = _object(op.get("metadata"))
         output = _object(meta.get("output")) or _object(op.get("response"))
         model = str(meta.get("model") or "")
@@ -325,3 +494,14 @@ def _state(meta: dict[str, Any]) -> str:
     """The batch's ``JOB_STATE_*`` (the REST API says ``BATCH_STATE_*``: one name here)."""
     state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
     return state or "JOB_STATE_UNSPECIFIED"
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    with path.open("rb") as f:
+        return [orjson.loads(raw) for raw in f if raw.strip()]
+
+
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> None:
+    with private_file(path) as f:
+        for line in lines:
+            f.write(orjson.dumps(line) + b"\n")

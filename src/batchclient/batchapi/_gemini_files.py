@@ -33,7 +33,7 @@ def first_model(path: Path) -> str:
 def inline_requests(path: Path) -> tuple[str, list[Any]]:
     """The part file's requests as the SDK's ``InlinedRequest`` objects (its ``config`` carries
     what the SDK moves back into the request: ``generationConfig`` fields, ``systemInstruction``,
-    ``tools``, ``toolConfig``); and the first request's model."""
+    ``tools``, ``toolConfig``, ``cachedContent``); and the first request's model."""
     from google.genai import types
 
     requests: list[Any] = []
@@ -45,7 +45,7 @@ def inline_requests(path: Path) -> tuple[str, list[Any]]:
             own = request.pop("model")
             model = model or own
             config = dict(request.pop("generationConfig", {}))
-            for key in ("systemInstruction", "tools", "toolConfig"):
+            for key in ("systemInstruction", "tools", "toolConfig", "cachedContent"):
                 if key in request:
                     config[key] = request.pop(key)
             requests.append(

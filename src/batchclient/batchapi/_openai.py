@@ -33,6 +33,7 @@ from anyio import to_thread
 from pydantic import ValidationError
 from yarl import URL
 
+from .._core.ledger import Billing
 from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, keys_prompt_caches, mark_shared_prefixes
 from .._core.request import Request, Result
 from .._redact import redact_url
@@ -192,9 +193,10 @@ class OpenAIBackend:
         limit = ((await self._cards()) or {}).get(model, {}).get("max_model_len")
         return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
-    def cache_rule(self, model: str) -> tuple[int | None, bool]:
-        """OpenAI caches prefixes of 1,024 tokens or more by itself; writes are plain input."""
-        return PROMPT_CACHE_MIN_TOKENS, False
+    def billing(self, model: str) -> Billing:
+        """The batch tier; OpenAI caches prefixes of 1,024 tokens or more by itself, writes
+        are plain input."""
+        return Billing("batch", PROMPT_CACHE_MIN_TOKENS)
 
     def wire_id(self, line: RequestLine) -> str:
         return line.custom_id

@@ -196,3 +196,14 @@ class GeminiBatchOptions(RemoteBatchOptions, total=False):
             "cap.",
         ),
     ]
+    prompt_caching: Annotated[
+        bool | Literal["auto"],
+        Option(
+            "auto",
+            "Create a prefix (system text, tools and every turn but the last) shared by the "
+            "requests of a remote batch once as a Gemini cached content, read by each of them "
+            "at the cached price and deleted when the batch ends, when it reaches the model's "
+            "minimum cacheable length. auto: when 10 or more requests share it (an hour of "
+            "storage paid back), else Gemini's implicit caching; true: when 2 do; false: never.",
+        ),
+    ]

@@ -149,12 +149,12 @@ class RemoteBatchProvider(Provider):
         return self.backend.identity()
 
     def billing(self, model: str) -> Billing:
-        """The ``batch`` tier; the backend's prompt-cache rule (Anthropic: the model's minimum
-        with cache writes billed apart, when it marks prefixes; OpenAI-shaped APIs: OpenAI's
-        automatic caching of 1,024 tokens or more; Gemini: none assumed)."""
-        rule = getattr(self.backend, "cache_rule", None)
-        minimum, writes = rule(model) if rule is not None else (None, False)
-        return Billing("batch", minimum, writes)
+        """The ``batch`` tier with the backend's prompt-cache rule (Anthropic: the model's
+        minimum with cache writes billed apart, when it marks prefixes; OpenAI-shaped APIs:
+        OpenAI's automatic caching of 1,024 tokens or more; Gemini: its explicit caching rule),
+        where the backend has one."""
+        rule = getattr(self.backend, "billing", None)
+        return rule(model) if rule is not None else Billing("batch")
 
     async def models(self) -> list[str]:
         return sorted(await self.backend.models() or ())

@@ -188,10 +188,10 @@ class _SharedPrefixes:
 
     def totals(self) -> tuple[int, int]:
         """(cached input tokens, cache-write tokens) over every shared prefix long enough."""
-        least = self.billing.cache_min_tokens
+        least, sharing = self.billing.cache_min_tokens, max(2, self.billing.cache_min_requests)
         cached = written = 0
         for requests, tokens in self.seen.values():
-            if least is not None and requests > 1 and tokens >= least:
+            if least is not None and requests >= sharing and tokens >= least:
                 cached += (requests - 1) * tokens
                 written += tokens if self.billing.cache_writes else 0
         return cached, written

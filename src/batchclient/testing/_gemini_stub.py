@@ -13,6 +13,12 @@ unchanged:
   ``nextPageToken``), ``POST /v1beta/batches/{id}:cancel``.
 - ``POST /upload/{version}/files`` (resumable: ``start``, then ``upload, finalize`` chunks at
   ``x-goog-upload-url``), ``GET /v1beta/files/{id}:download?alt=media``.
+- ``POST /v1beta/cachedContents``, ``GET /v1beta/cachedContents`` (``cachedContents``,
+  ``nextPageToken``), ``PATCH`` (a new ``ttl``) and ``DELETE /v1beta/cachedContents/{id}``: a
+  request naming a live one (``cachedContent``) is answered as if its contents and system text
+  came first, with ``usageMetadata.cachedContentTokenCount``; one naming a deleted or expired
+  one fails with ``PERMISSION_DENIED``, and one that also sets ``systemInstruction``,
+  ``tools`` or ``toolConfig`` with ``INVALID_ARGUMENT``, as Gemini does.
 
 Requests are answered with an echo of the last user text (``candidates``, ``usageMetadata``);
 per-request errors are ``google.rpc.Status`` objects (gRPC ``code``). Faults on demand: results
@@ -41,6 +47,7 @@ from ._stub import StubReply
 __all__ = ["GeminiBatchStub", "GeminiStubStats"]
 
 _STATE_DONE = ("BATCH_STATE_SUCCEEDED", "BATCH_STATE_FAILED", "BATCH_STATE_CANCELLED")
+_NO_CACHE = "CachedContent not found (or permission denied)"
 _TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContentBatch"
 
 
@@ -48,8 +55,9 @@ _TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.GenerateContent
 class GeminiStubStats:
     """What the stub saw: ``creates`` (batch creates, answered or not), ``uploads`` (finished
     file uploads) and ``upload_bytes``, ``inline_bytes`` (bodies of creates), ``polls``,
-    ``lists``, ``cancels``, ``downloads``, ``requests`` (requests in created batches) and
-    ``keys`` (every request key submitted, in order)."""
+    ``lists``, ``cancels``, ``downloads``, ``requests`` (requests in created batches),
+    ``keys`` (every request key submitted, in order), ``cache_creates``, ``cache_renewals``,
+    ``cache_deletes`` (cached contents) and ``cache_reads`` (requests answered from one)."""
 
     creates: int = 0
     uploads: int = 0
@@ -61,6 +69,10 @@ class GeminiStubStats:
     downloads: int = 0
     requests: int = 0
     keys: list[str] = field(default_factory=list)
+    cache_creates: int = 0
+    cache_renewals: int = 0
+    cache_deletes: int = 0
+    cache_reads: int = 0
 
 
 @dataclass
@@ -94,6 +106,10 @@ class GeminiBatchStub(LoopbackApp):
         malformed: requests whose text contains a key get a malformed answer of that kind:
             ``response`` (not an object), ``candidates`` (an integer) or ``usage`` (a token
             count of 2**70).
+        cache_min_words: a cached content of fewer words is refused (400
+            ``INVALID_ARGUMENT``, "too small"), as Gemini refuses one under a model's minimum.
+        cache_max_ttl_s: cached contents live at most this long (from creation or renewal),
+            whatever ``ttl`` they ask.
     """
 
     _name = "gemini-stub"
@@ -114,8 +130,15 @@ class GeminiBatchStub(LoopbackApp):
         malformed: dict[str, str] | None = None,
         create_delay_s: float = 0.0,
         download_delay_s: float = 0.0,
+        cache_min_words: int = 0,
+        cache_max_ttl_s: float | None = None,
     ) -> None:
         super().__init__()
+        self.cache_min_words = cache_min_words
+        self.cache_max_ttl_s = cache_max_ttl_s
+        self.caches: dict[str, dict[str, Any]] = {}
+        """Live cached contents by name (their JSON as created, ``expireAt`` added: a
+        ``time.monotonic()`` instant)."""
         self.malformed = dict(malformed or {})
         self.create_delay_s = create_delay_s
         self.download_delay_s = download_delay_s
@@ -155,6 +178,10 @@ class GeminiBatchStub(LoopbackApp):
         r.add_post(v + "/batches/{id:[^/:]+}:cancel", self._cancel)
         r.add_post("/upload" + v + "/files", self._upload)
         r.add_get(v + "/files/{id:[^/:]+}:download", self._download)
+        r.add_post(v + "/cachedContents", self._cache_create)
+        r.add_get(v + "/cachedContents", self._cache_list)
+        r.add_patch(v + "/cachedContents/{id:[^/:]+}", self._cache_renew)
+        r.add_delete(v + "/cachedContents/{id:[^/:]+}", self._cache_delete)
         return app
 
     @web.middleware
@@ -289,6 +316,75 @@ class GeminiBatchStub(LoopbackApp):
         batch.cancel = True
         return web.json_response({})
 
+    # ------------------------------------------------------------------ cached contents
+
+    def _ttl(self, spec: Any) -> float:
+        ttl = float(str(spec or "3600s").removesuffix("s"))
+        return ttl if self.cache_max_ttl_s is None else min(ttl, self.cache_max_ttl_s)
+
+    def _live(self, name: str) -> dict[str, Any] | None:
+        cache = self.caches.get(name)
+        if cache is not None and cache["expireAt"] <= time.monotonic():
+            del self.caches[name]
+            return None
+        return cache
+
+    async def _cache_create(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        words = len(_text(body).split()) + len(_system_text(body).split())
+        if words < self.cache_min_words:
+            return _error(400, "Cached content is too small.", "INVALID_ARGUMENT")
+        self.stats.cache_creates += 1
+        self.calls.append("cache_create")
+        name = f"cachedContents/{secrets.token_hex(6)}"
+        expire_at = time.monotonic() + self._ttl(body.pop("ttl", None))
+        cache = {**body, "name": name, "expireAt": expire_at, "words": words}
+        self.caches[name] = cache
+        return web.json_response(_cache_view(cache))
+
+    async def _cache_list(self, request: web.Request) -> web.Response:
+        self.calls.append("cache_list")
+        live = [c for c in list(self.caches) if self._live(c) is not None]
+        return web.json_response({"cachedContents": [_cache_view(self.caches[c]) for c in live]})
+
+    async def _cache_renew(self, request: web.Request) -> web.Response:
+        cache = self._live(f"cachedContents/{request.match_info['id']}")
+        if cache is None:
+            return _error(403, _NO_CACHE, "PERMISSION_DENIED")
+        self.stats.cache_renewals += 1
+        self.calls.append("cache_renew")
+        cache["expireAt"] = time.monotonic() + self._ttl((await request.json()).get("ttl"))
+        return web.json_response(_cache_view(cache))
+
+    async def _cache_delete(self, request: web.Request) -> web.Response:
+        name = f"cachedContents/{request.match_info['id']}"
+        if self.caches.pop(name, None) is None:
+            return _error(403, _NO_CACHE, "PERMISSION_DENIED")
+        self.stats.cache_deletes += 1
+        self.calls.append("cache_delete")
+        return web.json_response({})
+
+    def _with_cache(self, req: dict[str, Any]) -> tuple[dict[str, Any], int] | dict[str, Any]:
+        """``req`` with its cached content's turns and system text put back, and the cached
+        words; or the ``google.rpc.Status`` it fails with."""
+        name = req.get("cachedContent")
+        if name is None:
+            return req, 0
+        if any(key in req for key in ("systemInstruction", "tools", "toolConfig")):
+            why = "CachedContent can not be used with GenerateContent request setting "
+            why += "system_instruction, tools or tool_config."
+            return {"code": 3, "message": why, "status": "INVALID_ARGUMENT"}
+        cache = self._live(str(name))
+        if cache is None:
+            return {"code": 7, "message": _NO_CACHE, "status": "PERMISSION_DENIED"}
+        self.stats.cache_reads += 1
+        merged = {k: v for k, v in req.items() if k != "cachedContent"}
+        merged["contents"] = [*(cache.get("contents") or []), *(req.get("contents") or [])]
+        for key in ("systemInstruction", "tools", "toolConfig"):
+            if key in cache:
+                merged[key] = cache[key]
+        return merged, int(cache["words"])
+
     # ------------------------------------------------------------------ running a batch
 
     async def _process(self, batch: _Batch) -> None:
@@ -312,6 +408,12 @@ class GeminiBatchStub(LoopbackApp):
                 await asyncio.sleep(self.item_delay_s)
             elif n % 2000 == 1999:
                 await asyncio.sleep(0)  # let polls in during a big batch
+            read = self._with_cache(req)
+            if not isinstance(read, tuple):
+                results.append({"key": key, "error": read})
+                bad += 1
+                continue
+            req, cached = read
             text = _text(req)
             if self.refuse_match and self.refuse_match in text:
                 error = {"code": 3, "message": "refused by the stub", "status": "INVALID_ARGUMENT"}
@@ -323,7 +425,10 @@ class GeminiBatchStub(LoopbackApp):
                 results.append({"key": key, "error": error})
                 bad += 1
             else:
-                results.append({"key": key, "response": self._answer(req, meta["model"])})
+                answer = self._answer(req, meta["model"])
+                if cached and isinstance(answer, dict):
+                    answer["usageMetadata"]["cachedContentTokenCount"] = cached
+                results.append({"key": key, "response": answer})
                 ok += 1
             stats.update(
                 successfulRequestCount=str(ok), failedRequestCount=str(bad),
@@ -384,6 +489,22 @@ def _text(request: dict[str, Any]) -> str:
     )
 
 
+def _system_text(request: dict[str, Any]) -> str:
+    system = request.get("systemInstruction") or {}
+    return "\n".join(str(part.get("text", "")) for part in system.get("parts") or [])
+
+
+def _cache_view(cache: dict[str, Any]) -> dict[str, Any]:
+    """A cached content as Gemini shows it: metadata, not its contents."""
+    left = max(0.0, cache["expireAt"] - time.monotonic())
+    expire = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + left))
+    return {
+        "name": cache["name"], "model": cache.get("model", ""),
+        "displayName": cache.get("displayName", ""), "expireTime": expire,
+        "usageMetadata": {"totalTokenCount": cache["words"]},
+    }  # fmt: skip
+
+
 def _answer(request: dict[str, Any], model: str) -> dict[str, Any]:
     """An echo of the last user text, cut at ``maxOutputTokens`` words."""
     users = [c for c in request.get("contents") or [] if c.get("role") == "user"]
@@ -394,7 +515,7 @@ def _answer(request: dict[str, Any], model: str) -> dict[str, Any]:
     finish = "STOP"
     if isinstance(limit, int) and limit < len(words):
         words, finish = words[:limit], "MAX_TOKENS"
-    prompt = len(_text(request).split())
+    prompt = len(_text(request).split()) + len(_system_text(request).split())
     return {
         "candidates": [
             {"content": {"role": "model", "parts": [{"text": " ".join(words)}]},
