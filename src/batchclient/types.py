@@ -623,6 +623,7 @@ class Endpoint(StrEnum):
     chat_completions = "/v1/chat/completions"
     completions = "/v1/completions"
     embeddings = "/v1/embeddings"
+    responses = "/v1/responses"
 
     @property
     def path(self) -> str:

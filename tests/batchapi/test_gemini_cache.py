@@ -136,6 +136,7 @@ async def test_a_refused_create_sends_the_requests_as_they_were(tmp_path: Path) 
     assert [i.text for i in result.batch] == [f"echo: What is {i} + {i}?" for i in range(12)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("renew", [True, False])
 async def test_a_long_batch_renews_its_cached_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renew: bool

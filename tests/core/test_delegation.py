@@ -15,6 +15,7 @@ import pytest
 
 import batchclient
 from batchclient import BatchChatCompletionResponse, DelegatingProvider, Endpoint, Provider, Request
+from batchclient._core.responses import ResponsesOverChat
 from batchclient.cache import ResultCache
 from batchclient.cache._provider import CachedProvider
 from batchclient.remote import RemoteProvider
@@ -40,6 +41,7 @@ OVERRIDES: dict[type[Provider], set[str]] = {
     SharedProvider: {"start", "stop", "execute", "max_in_flight"},  # started once; the fair gate
     CachedProvider: {"execute"},  # answers from the cache first
     MeteredProvider: {"execute"},  # counts each request in the server's metrics
+    ResponsesOverChat: {"endpoints", "execute"},  # /v1/responses requests run as chat
 }
 """Every wrapper provider of the package, and the members it documents as its own."""
 

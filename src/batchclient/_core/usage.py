@@ -47,10 +47,20 @@ def _detail(usage: dict[str, Any], details: str, name: str) -> int:
 
 
 def token_counts(usage: Any) -> TokenCounts:
-    """The token classes of an answer's ``usage`` (module docstring); all 0 for anything that
-    is not a dict."""
+    """The token classes of an answer's ``usage`` (module docstring), or of a ``Response``'s
+    (``input_tokens``, ``input_tokens_details.cached_tokens`` and ``.cache_write_tokens``,
+    ``output_tokens``, ``output_tokens_details.reasoning_tokens``); all 0 for anything that is
+    not a dict."""
     if not isinstance(usage, dict):
         return TokenCounts()
+    if "prompt_tokens" not in usage and "input_tokens" in usage:  # the Responses API's
+        return TokenCounts(
+            _count(usage.get("input_tokens")),
+            _detail(usage, "input_tokens_details", "cached_tokens"),
+            _detail(usage, "input_tokens_details", "cache_write_tokens"),
+            _count(usage.get("output_tokens")),
+            _detail(usage, "output_tokens_details", "reasoning_tokens"),
+        )
     return TokenCounts(
         _count(usage.get("prompt_tokens")),
         _detail(usage, "prompt_tokens_details", "cached_tokens"),

@@ -28,14 +28,15 @@ ordering and decoding are one code for every backend), written with :func:`ok_li
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import orjson
 
-from .._core.request import Result
-from ..errors import ConfigurationError
+from .._core.request import Result, failed
+from .._core.responses import Unsupported, to_chat
+from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import Endpoint
 from ._parts import Limits
@@ -43,6 +44,7 @@ from ._parts import Limits
 __all__ = [
     "RemoteBatchBackend",
     "RemoteState",
+    "chat_encoder",
     "check_header_value",
     "error_line",
     "json_lines",
@@ -213,3 +215,23 @@ class RemoteBatchBackend(Protocol):
         """Ask the provider to cancel; a batch that already ended may refuse (the runner
         ignores that)."""
         ...
+
+
+def chat_encoder(backend: RemoteBatchBackend) -> Callable[[RequestLine, str], bytes | Result]:
+    """``backend.encode``, with a ``/v1/responses`` line sent as the chat request it stands
+    for where the backend's batches serve chat only (Anthropic, Gemini); its answer becomes a
+    ``Response`` again when its row is stored (``jobs._output.row_for``)."""
+    if Endpoint.responses in backend.endpoints:
+        return backend.encode
+    responses, chat = Endpoint.responses.value, Endpoint.chat_completions.value
+
+    def encode(line: RequestLine, endpoint: str) -> bytes | Result:
+        if endpoint != responses:
+            return backend.encode(line, endpoint)
+        try:
+            body = to_chat(line.body)
+        except Unsupported as exc:
+            return failed(ErrorCode.unsupported_parameter, exc.message, param=exc.param)
+        return backend.encode(replace(line, body=body), chat)
+
+    return encode

@@ -35,7 +35,7 @@ from anyio import to_thread
 
 from ..jobs._runner import RunningJob, finalize, run_unfinished, validate_job
 from ..jobs._store import JobRow, Store
-from ._backend import RemoteState
+from ._backend import RemoteState, chat_encoder
 from ._collect import collect
 from ._parts import LineCursor, Part, RemoteIds, fail_part, part_lines, rewrite_part, write_part
 from ._provider import RemoteBatchProvider
@@ -87,6 +87,7 @@ class RemoteRunner:
     def __init__(self, provider: RemoteBatchProvider) -> None:
         self.provider = provider
         self.backend = provider.backend
+        self._encode = chat_encoder(provider.backend)
         self.retrier = provider.retrier
         self.options = provider.options
 
@@ -147,7 +148,7 @@ class RemoteRunner:
                 path = job.tmp("part", job.next_part)
                 plan = await to_thread.run_sync(
                     write_part, cursor, job.store, job.id, job.endpoint, self.backend.limits,
-                    path, self.backend.encode,
+                    path, self._encode,
                 )  # fmt: skip
                 if plan is None:
                     await anyio.Path(path).unlink(missing_ok=True)
@@ -176,7 +177,7 @@ class RemoteRunner:
                 if file is None:  # after a crash, or a resubmission: what is left of its range
                     lines = await to_thread.run_sync(
                         rewrite_part, job.store, job.id, job.input, part, job.endpoint, path,
-                        self.backend.encode, self.backend.limits.max_bytes,
+                        self._encode, self.backend.limits.max_bytes,
                     )  # fmt: skip
                 else:
                     lines = file[1]

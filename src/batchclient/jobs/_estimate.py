@@ -20,6 +20,7 @@ from .._core.ledger import Billing, PriceTable, cost_of
 from .._core.prefix import chat_prefix
 from .._core.prompt_tokens import PromptCounter
 from .._core.provider import Provider
+from .._core.responses import serves
 from ..cache import ResultCache
 from ..cache._key import cache_key, canonical_json
 from ..errors import ConfigurationError
@@ -58,7 +59,7 @@ async def estimate_file(
     """
     if endpoint is None:
         endpoint = await to_thread.run_sync(file_endpoint, path)
-    served = sorted(e.value for e in provider.endpoints) if provider is not None else []
+    served = sorted(e.value for e in serves(provider)) if provider is not None else []
     if provider is not None and endpoint in _KNOWN and endpoint not in served:
         raise ConfigurationError(
             f"endpoint {str(endpoint)!r} is not served by {type(provider).__name__}; "

@@ -53,6 +53,7 @@ from anyio import to_thread
 from anyio.abc import TaskGroup
 
 from .._core.provider import Provider
+from .._core.responses import ResponsesOverChat, over_chat
 from ..cache import ResultCache
 from ..cache._provider import CachedProvider
 from ..errors import ConfigurationError, JobError, JobStateError
@@ -122,7 +123,8 @@ class JobManager:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
-        self._provider = provider
+        # a provider that serves chat runs /v1/responses lines as chat (translated both ways)
+        self._provider = over_chat(provider) if provider is not None else None
         self.cache = cache
         self._result_cache: ResultCache | None = None
         self._cached: CachedProvider | None = None
@@ -216,6 +218,11 @@ class JobManager:
         if self._result_cache is None:
             self._result_cache = await to_thread.run_sync(ResultCache, self.state_dir / DB_NAME)
         return self._result_cache
+
+    def _provider_name(self) -> str:
+        provider = self._provider
+        inner = provider.inner if isinstance(provider, ResponsesOverChat) else provider
+        return type(inner).__name__
 
     async def cached_provider(self) -> CachedProvider:
         """The manager's provider behind the result cache (one per manager: calls and batches
@@ -376,7 +383,7 @@ class JobManager:
         supported = sorted(e.value for e in self._provider.endpoints)
         if endpoint not in supported:
             raise ConfigurationError(
-                f"endpoint {str(endpoint)!r} is not served by {type(self._provider).__name__}; "
+                f"endpoint {str(endpoint)!r} is not served by {self._provider_name()}; "
                 f"supported: {', '.join(supported)}"
             )
         try:

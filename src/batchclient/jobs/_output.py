@@ -30,6 +30,7 @@ from .._core.completions import to_completion_response
 from .._core.decode import to_response
 from .._core.embeddings import to_embedding_response
 from .._core.request import Request, Result
+from .._core.responses import answered, schemas, to_completion
 from .._core.usage import TokenCounts, token_counts
 from ..types import (
     ChatCompletionResponse,
@@ -44,10 +45,28 @@ from ._store import ResultRow, Store, now, open_private
 ItemResponse = ChatCompletionResponse | CompletionResponse | EmbeddingResponse
 """The protocol's answer to one line, by the batch's endpoint."""
 
+
+def _from_response(request: Request, result: Result) -> ChatCompletionResponse:
+    """A ``/v1/responses`` line's answer as the chat protocol's response (checked as a chat
+    answer is: structured output against ``text.format``, tool calls against the tools)."""
+    if result.error is None and result.status_code is not None and 200 <= result.status_code < 300:
+        completion = to_completion(result.body)
+        body = completion if completion is not None else {"not a Response": result.body}
+        result = Result(
+            status_code=result.status_code,
+            body=body,
+            request_id=result.request_id,
+            latency_s=result.latency_s,
+            extra=result.extra,
+        )
+    return to_response(request, result)
+
+
 _DECODE: dict[Endpoint, Callable[[Request, Result], ItemResponse]] = {
     Endpoint.chat_completions: to_response,
     Endpoint.completions: to_completion_response,
     Endpoint.embeddings: to_embedding_response,
+    Endpoint.responses: _from_response,
 }
 
 
@@ -55,7 +74,18 @@ def request_for(
     seq: int, custom_id: str, body: dict[str, Any], endpoint: Endpoint = Endpoint.chat_completions
 ) -> Request:
     """The internal request for one input line, with the schemas its answer is checked
-    against (``response_format.json_schema.schema``; each tool's ``parameters``)."""
+    against (``response_format.json_schema.schema``, or a Responses request's
+    ``text.format.schema``; each tool's ``parameters``)."""
+    if endpoint is Endpoint.responses:
+        schema, by_name = schemas(body)
+        return Request(
+            index=seq,
+            body=body,
+            endpoint=endpoint,
+            custom_id=custom_id,
+            response_schema=schema,
+            tool_schemas=by_name or None,
+        )
     schema = None
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
@@ -84,7 +114,11 @@ def request_for(
 def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     """The stored row of one finished request, with its output line. The verdict (``ok``) is
     the same as the synchronous call of the endpoint gives the item (``batch_chat_completion``,
-    ``batch_completion``, ``batch_embeddings``): its decode without an error."""
+    ``batch_completion``, ``batch_embeddings``): its decode without an error. A
+    ``/v1/responses`` line answered on the chat path (a batch API that speaks only chat) is
+    stored as the ``Response`` it stands for."""
+    if request.endpoint is Endpoint.responses:
+        result = answered(request, result)
     response = _DECODE[request.endpoint](request, result)
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None
@@ -93,8 +127,8 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     refused = result.status_code is not None and not 200 <= result.status_code < 300
     # a cache hit generated nothing; a refusal's body (kept as sent) counts for nothing
     if isinstance(usage, dict) and not result.cached and not refused:
-        tokens_in = _int(usage.get("prompt_tokens"))
-        tokens_out = _int(usage.get("completion_tokens"))
+        tokens_in = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+        tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
         counts = token_counts(usage)
     request_id = result.request_id
     if request_id is None and isinstance(body, dict) and isinstance(body.get("id"), str):

@@ -5,7 +5,8 @@ Rules (the OpenAI Batch API, https://platform.openai.com/docs/guides/batch): eve
 str, ...}}``; one endpoint and one model per file; ``stream: true`` is refused. The body needs
 ``messages`` (a non-empty list of objects with a ``role``) for ``/v1/chat/completions``,
 ``prompt`` for ``/v1/completions`` and ``input`` for ``/v1/embeddings`` (each text, token ids,
-or a non-empty list of either; no empty text to embed). One error per bad
+or a non-empty list of either; no empty text to embed), ``input`` for ``/v1/responses`` (text or
+a non-empty list of input items). One error per bad
 line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
 whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
 tolerated (the BOM is dropped); anything that is not UTF-8 is refused with a message naming what
@@ -289,10 +290,22 @@ def _check_embeddings(body: dict[str, Any]) -> Problem | None:
     return bad
 
 
+def _check_responses(body: dict[str, Any]) -> Problem | None:
+    if "input" not in body:
+        return ErrorCode.missing_required_parameter, "body has no 'input'", "body.input"
+    value = body["input"]
+    if isinstance(value, str) or (isinstance(value, list) and value):
+        if isinstance(value, list) and not all(isinstance(item, dict) for item in value):
+            return ErrorCode.invalid_request, "body.input items must be objects", "body.input"
+        return None
+    return ErrorCode.invalid_request, "body.input must be text or a non-empty list", "body.input"
+
+
 _BODY_CHECKS: dict[str, Callable[[dict[str, Any]], Problem | None]] = {
     Endpoint.chat_completions: _check_chat,
     Endpoint.completions: _check_completions,
     Endpoint.embeddings: _check_embeddings,
+    Endpoint.responses: _check_responses,
 }
 
 

@@ -646,8 +646,9 @@ def _parse_success(
     status: int, raw: bytes | bytearray, parsed: Any, redactor: Redactor, endpoint: Endpoint
 ) -> Result:
     """A 2xx answer: the endpoint's object (``choices`` for completions, ``data`` for
-    embeddings), or ``bad_upstream_response`` with an excerpt (never an empty success:
-    vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm #13139)."""
+    embeddings, ``output`` for responses), or ``bad_upstream_response`` with an excerpt (never
+    an empty success: vllm PR #44255; a 200 without ``choices`` raised KeyError in litellm
+    #13139)."""
     if parsed is not None:
         body = parsed
     else:
@@ -663,6 +664,15 @@ def _parse_success(
         data = body.get("data")
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             return _bad_upstream(status, f"answer without data: {redactor.excerpt(raw)}")
+        return Result(status_code=status, body=body)
+    if endpoint is Endpoint.responses:
+        if not isinstance(body.get("output"), list):
+            return _bad_upstream(status, f"answer without output: {redactor.excerpt(raw)}")
+        if body.get("status") == "failed":
+            error = body.get("error")
+            detail = error.get("message") if isinstance(error, dict) else None
+            message = redactor.text(str(detail)) if detail else redactor.excerpt(raw)
+            return _bad_upstream(status, f"the response failed: {message}")
         return Result(status_code=status, body=body)
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from .._core.client import BatchClient
+from .._core.responses import serves
 from ..errors import ConfigurationError, JobNotFoundError
 from ..jobs._runner import parse_window
 from ..types import Batch
@@ -46,7 +47,7 @@ async def create_batch(
     tenant = tenant_of(request)
     _, params = await read_model(request, BatchCreate)
     client = tenant.client
-    served = sorted(e.value for e in client.provider.endpoints)
+    served = sorted(e.value for e in serves(client.provider))
     if params.endpoint not in served:
         raise APIError(
             400,

@@ -1,7 +1,8 @@
 """Interactive traffic next to the batches: ``GET /v1/models`` and one request at a time
-through the same provider (``POST /v1/chat/completions``, and ``/v1/completions`` /
-``/v1/embeddings`` when the provider serves them), so its limits (the remote provider's
-in-flight limit and rpm/tpm, the engine's ``max_concurrency``) cover both kinds of traffic.
+through the same provider (``POST /v1/chat/completions`` and ``/v1/responses``, and
+``/v1/completions`` / ``/v1/embeddings`` when the provider serves them), so its limits (the
+remote provider's in-flight limit and rpm/tpm, the engine's ``max_concurrency``) cover both
+kinds of traffic.
 
 A request is checked as a batch line would be (same codes), answered whole (``stream`` is
 refused), and cancelled in the provider when the client hangs up. The provider's answer goes
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse
 from .._core.flows import interactive
 from .._core.request import Request as ProviderRequest
 from .._core.request import Result, error_type, failed
+from .._core.responses import over_chat
 from ..errors import ErrorCode
 from ..jobs._validate import check_request
 from ..types import Endpoint
@@ -78,7 +80,8 @@ def _model(request: Request, name: str) -> dict[str, Any]:
 
 
 async def _one_request(request: Request, endpoint: Endpoint) -> JSONResponse:
-    provider = tenant_of(request).client.provider
+    # a provider that serves chat answers /v1/responses too (translated both ways)
+    provider = over_chat(tenant_of(request).client.provider)
     if endpoint not in provider.endpoints:
         raise APIError(404, f"{endpoint.value} is not served by this server's provider")
     body = await read_json(request)
@@ -142,8 +145,10 @@ def result_response(result: Result) -> JSONResponse:
         kind = error_type(ErrorCode(code))
     except ValueError:  # an upstream's own code
         kind = "server_error"
+    param = error.param if error is not None else None
     return JSONResponse(
-        envelope(message, type=kind, code=code), status_code=_NO_ANSWER_STATUS.get(code, 500)
+        envelope(message, type=kind, param=param, code=code),
+        status_code=_NO_ANSWER_STATUS.get(code, 500),
     )
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from ..types import Endpoint
-from ._stub_answers import embedding_body, text_completion_body
+from ._stub_answers import embedding_body, responses_body, text_completion_body
 
 __all__ = [
     "QUOTA_STYLES",
@@ -113,7 +113,8 @@ class Fault:
 @dataclass
 class StubStats:
     """What the stub saw. ``max_in_flight`` is the most concurrent requests at once;
-    ``by_status`` counts answers by status (``0`` = connection reset). With ``record_bodies``,
+    ``by_status`` counts answers by status (``0`` = connection reset), ``by_path`` requests by
+    path (``/v1/responses``). With ``record_bodies``,
     ``bodies`` holds every request body in arrival order (refused ones too) and
     ``body_times`` when each arrived (``time.monotonic``)."""
 
@@ -121,6 +122,7 @@ class StubStats:
     in_flight: int = 0
     max_in_flight: int = 0
     by_status: Counter[int] = field(default_factory=Counter)
+    by_path: Counter[str] = field(default_factory=Counter)
     arrivals: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     body_times: list[float] = field(default_factory=list)
@@ -353,6 +355,7 @@ class StubServer:
         app.router.add_post(Endpoint.chat_completions.value, self._chat)
         app.router.add_post(Endpoint.completions.value, self._completions)
         app.router.add_post(Endpoint.embeddings.value, self._embeddings)
+        app.router.add_post(Endpoint.responses.value, self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         return app
@@ -390,9 +393,13 @@ class StubServer:
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._post(request, embedding_body)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, responses_body)
+
     async def _post(self, request: web.Request, answer: Answer) -> web.StreamResponse:
         stats = self.stats
         stats.requests += 1
+        stats.by_path[request.path] += 1
         stats.arrivals.append(time.monotonic())
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 import base64
 import hashlib
+import json
 import math
 import random
 import sys
@@ -127,3 +128,56 @@ def embedding_body(body: dict[str, Any]) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _input_text(value: Any) -> str:
+    """A Responses request's last user turn as text (``input`` text, or the last user message
+    item's text and ``input_text`` parts)."""
+    if isinstance(value, str):
+        return value
+    for item in reversed(value if isinstance(value, list) else []):
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            parts = content if isinstance(content, list) else []
+            return " ".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return ""
+
+
+def responses_body(body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """The stub's normal answer to a ``/v1/responses`` body: a ``Response`` whose one message
+    echoes the last user turn, cut (``status`` ``incomplete``) at ``max_output_tokens``
+    words."""
+    text = _input_text(body.get("input"))
+    words = f"echo: {text}".split()
+    limit = body.get("max_output_tokens")
+    cut = False
+    if isinstance(limit, int) and limit < len(words):
+        words, cut = words[:limit], True
+    prompt = len(f"{body.get('instructions') or ''} {json.dumps(body.get('input'))}".split())
+    rid = f"{random.getrandbits(48):x}"
+    return {
+        "id": f"resp_stub{rid}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "model": model or body.get("model", "stub"),
+        "instructions": body.get("instructions"),
+        "output": [
+            {"type": "message", "id": f"msg_stub{rid}", "role": "assistant",
+             "status": "completed",
+             "content": [{"type": "output_text", "text": " ".join(words), "annotations": []}]}
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": len(words), "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + len(words),
+        },
+    }  # fmt: skip
