@@ -9,8 +9,10 @@ expectations come from one table, :data:`CAPABILITIES`.
   embedding engine) and ``ray`` (the session's ``RayBatchInference``: two replicas on a local
   Ray cluster).
 - **Call kinds**: chat (``batch_chat_completion``), completions (``batch_completion``), scoring
-  (``batch_loglikelihood`` over token ids; ``batch_loglikelihood_rolling`` is refused with it)
-  and embeddings (``batch_embeddings``).
+  (``batch_loglikelihood`` over token ids; ``batch_loglikelihood_rolling`` is refused with it),
+  embeddings (``batch_embeddings``) and responses (``/v1/responses`` lines and
+  ``POST /v1/responses``: no call of the protocol, so the job and server faces only; passed
+  through where the provider speaks the Responses API, run as chat elsewhere).
 - **Faces**: ``call`` (the Python call), ``job`` (``client.files.create`` +
   ``client.batches.create`` of an OpenAI batch file for the kind's endpoint, then its output and
   error files and ``job_result``), ``server`` (``create_app`` over the client on loopback,
@@ -47,6 +49,7 @@ import openai
 import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from batchclient import (
     AnthropicBatchInference,
@@ -82,7 +85,7 @@ PROVIDERS = (
     "inline-pooling",
     "ray",
 )
-KINDS = ("chat", "completions", "scoring", "embeddings")
+KINDS = ("chat", "completions", "scoring", "embeddings", "responses")
 FACES = ("call", "job", "server")
 
 OK = "ok"
@@ -94,31 +97,43 @@ one-request route (404). None of them carries an error code today (``code`` is n
 envelopes)."""
 
 SERVES: dict[str, dict[str, str]] = {
-    "remote": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": OK},
-    "batch-api": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": OK},
-    # Message Batches and Gemini batches carry chat requests only
-    "anthropic-batch": {
-        "chat": OK,
-        "completions": REFUSED,
-        "scoring": REFUSED,
-        "embeddings": REFUSED,
+    "remote": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": OK, "responses": OK},
+    "batch-api": {
+        "chat": OK, "completions": OK, "scoring": OK, "embeddings": OK, "responses": OK
     },
-    "gemini-batch": {"chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": REFUSED},
-    "inline": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED},
+    # Message Batches and Gemini batches carry chat requests only (responses run as chat)
+    "anthropic-batch": {
+        "chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": REFUSED,
+        "responses": OK,
+    },
+    "gemini-batch": {
+        "chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": REFUSED,
+        "responses": OK,
+    },
+    "inline": {
+        "chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED, "responses": OK
+    },
     "inline-pooling": {
-        "chat": REFUSED,
-        "completions": REFUSED,
-        "scoring": REFUSED,
-        "embeddings": OK,
+        "chat": REFUSED, "completions": REFUSED, "scoring": REFUSED, "embeddings": OK,
+        "responses": REFUSED,
     },
     # the replica here generates: Ray replicas of a pooling engine embed
     # (tests/distributed/test_ray.py)
-    "ray": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED},
-}
+    "ray": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED, "responses": OK},
+}  # fmt: skip
+
+NO_CALL = frozenset({"responses"})
+"""Kinds without a call of the protocol: their cells are the job and server faces."""
+
+CELLS = [
+    (provider, kind, face)
+    for provider, kind, face in product(PROVIDERS, KINDS, FACES)
+    if not (face == "call" and kind in NO_CALL)
+]
 
 CAPABILITIES: dict[tuple[str, str, str], str] = {
     (provider, kind, face): OK if SERVES[provider][kind] == OK else REFUSAL_CODE[face]
-    for provider, kind, face in product(PROVIDERS, KINDS, FACES)
+    for provider, kind, face in CELLS
 }
 """The one table: ``(provider, kind, face) -> "ok"`` or the refusal's code on that face."""
 
@@ -227,6 +242,16 @@ def _check_embedding(item: Any, got: Any) -> None:
     assert got.vector and all(isinstance(v, float) for v in got.vector)
 
 
+async def _no_call(client: BatchClient, items: list[Any], ids: list[str]) -> list[Any]:
+    raise AssertionError("the Responses kind has no call face")
+
+
+def _check_response_body(item: Any, body: dict[str, Any]) -> None:
+    response = Response.model_validate(body)
+    assert isinstance(response.output_text, str) and response.usage is not None
+    assert 1 <= response.usage.output_tokens <= MAX_TOKENS
+
+
 def _check_embedding_body(item: Any, body: dict[str, Any]) -> None:
     CreateEmbeddingResponse.model_validate(body)
     vector = body["data"][0]["embedding"]
@@ -282,6 +307,18 @@ SPECS: dict[str, Kind] = {
         sdk=lambda sdk, body: sdk.embeddings.create(**body),
         size=lambda got: got.metric("prompt_tokens"),
         body_size=lambda body: int(body["usage"]["prompt_tokens"]),
+    ),
+    "responses": Kind(
+        endpoint=Endpoint.responses,
+        good=lambda i: f"Say the number {i}." + " Please." * 2 * i,
+        bad=OVERLONG,
+        call=_no_call,
+        check_item=_check_chat,
+        body=lambda item: {"model": MODEL, "input": item, "max_output_tokens": MAX_TOKENS},
+        check_body=_check_response_body,
+        sdk=lambda sdk, body: sdk.responses.create(**body),
+        size=lambda got: got.metric("prompt_tokens"),
+        body_size=lambda body: int(body["usage"]["input_tokens"]),
     ),
 }
 
@@ -398,7 +435,7 @@ _MARKS: dict[str, list[pytest.MarkDecorator]] = {
 
 def _cells() -> list[Any]:
     cells = []
-    for cell in product(PROVIDERS, KINDS, FACES):
+    for cell in CELLS:
         marks = list(_MARKS[cell[0]])
         if cell in KNOWN_DEFECTS:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[cell]))
@@ -588,6 +625,7 @@ async def test_capability(
 
 
 def test_the_table_covers_every_cell() -> None:
-    assert set(CAPABILITIES) == set(product(PROVIDERS, KINDS, FACES))
+    assert set(CAPABILITIES) == set(CELLS)
+    assert len(CELLS) == len(PROVIDERS) * (len(KINDS) * len(FACES) - len(NO_CALL))
     assert set(KNOWN_DEFECTS) <= set(CAPABILITIES)
     assert Path(__file__).name == "test_capabilities.py"  # capability_matrix imports it by name

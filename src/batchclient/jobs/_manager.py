@@ -85,6 +85,7 @@ _RESPONSES: dict[Endpoint, type[BatchResponse]] = {
     Endpoint.chat_completions: BatchChatCompletionResponse,
     Endpoint.completions: BatchCompletionResponse,
     Endpoint.embeddings: BatchEmbeddingsResponse,
+    Endpoint.responses: BatchChatCompletionResponse,  # each line as the chat answer it stands for
 }
 
 _STATUS_MAP = {
