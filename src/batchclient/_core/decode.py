@@ -168,6 +168,11 @@ def _usage_metrics(usage: Any) -> list[Any]:
             cached = number(details.get("cached_tokens")) if isinstance(details, dict) else None
             if cached is not None:
                 metrics += ("cached_tokens", cached, "tokens")
+        details = usage.get("completion_tokens_details")
+        if details is not None:  # output tokens spent reasoning, where reported
+            spent = number(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+            if spent:
+                metrics += ("reasoning_tokens", spent, "tokens")
     return metrics
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "Unsupported",
     "answered",
     "as_chat",
+    "from_chat",
     "over_chat",
     "schemas",
     "serves",
@@ -483,3 +484,143 @@ def schemas(body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, dict
             params = tool.get("parameters")
             tools[str(tool["name"])] = params if isinstance(params, dict) else {}
     return schema, tools
+
+
+# ---------------------------------------------------------------------- chat sent as Responses
+
+_CHAT_PASSED = (
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "user",
+    "metadata",
+    "store",
+)
+_CHAT_READ = frozenset(
+    {"messages", "max_tokens", "max_completion_tokens", "response_format", "tools"}
+    | {"tool_choice", "reasoning_effort", "stream", "n"}
+)
+
+
+def from_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The Responses request (``/v1/responses`` body) for a chat request ``body``, for a model
+    served only there: leading ``system`` / ``developer`` messages -> ``instructions``, the
+    other turns -> ``input`` items (text and image parts, tool calls and their results),
+    ``max_tokens`` -> ``max_output_tokens``, ``response_format`` -> ``text.format``, function
+    ``tools``, ``tool_choice``, ``reasoning_effort`` -> ``reasoning`` (with the ``auto``
+    summary, kept as the answer's ``reasoning_content``); ``store`` false unless the body
+    says otherwise (a batch keeps its own answers).
+
+    Raises:
+        Unsupported: a field the Responses API has no place for (``stop``, ``seed``,
+            ``logprobs``, ``n`` over 1, penalties, ``logit_bias``, ...).
+    """
+    for key in body:
+        if key not in _CHAT_PASSED and key not in _CHAT_READ:
+            raise Unsupported(key, f"{key} has no place in a Responses request (api='responses')")
+    if body.get("n") not in (None, 1):
+        raise Unsupported("n", "the Responses API gives one answer per request: n must be 1")
+    out: dict[str, Any] = {k: body[k] for k in _CHAT_PASSED if k in body}
+    out.setdefault("store", False)
+    messages = body.get("messages") or []
+    system: list[str] = []
+    while messages and messages[0].get("role") in ("system", "developer"):
+        system.append(_chat_text(messages[0].get("content"), "messages"))
+        messages = messages[1:]
+    if system:
+        out["instructions"] = "\n\n".join(system)
+    out["input"] = [item for message in messages for item in _input_items(message)]
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        out["max_output_tokens"] = limit
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        given = fmt.get("json_schema")
+        inner: dict[str, Any] = given if isinstance(given, dict) else {}
+        fields = ("name", "schema", "strict", "description")
+        schema = {k: inner[k] for k in fields if k in inner}
+        out["text"] = {"format": {"type": "json_schema", **schema}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        out["text"] = {"format": {"type": "json_object"}}
+    tools = body.get("tools")
+    if tools:
+        out["tools"] = [_responses_tool(tool) for tool in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        out["tool_choice"] = {"type": "function", "name": name}
+    elif choice is not None:
+        out["tool_choice"] = choice
+    if body.get("reasoning_effort") is not None:
+        out["reasoning"] = {"effort": body["reasoning_effort"], "summary": "auto"}
+    return out
+
+
+def _chat_text(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" for p in content
+    ):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise Unsupported(param, "a system message must be text to become instructions")
+
+
+def _input_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    role = message.get("role")
+    if role == "tool":
+        output = _chat_text(message.get("content"), "messages")
+        return [{"type": "function_call_output", "call_id": message.get("tool_call_id"),
+                 "output": output}]  # fmt: skip
+    items: list[dict[str, Any]] = []
+    content = message.get("content")
+    if content not in (None, "", []):
+        items.append({"type": "message", "role": role, "content": _parts(content, role)})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        items.append(
+            {"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
+             "arguments": function.get("arguments", "")}
+        )  # fmt: skip
+    return items
+
+
+def _parts(content: Any, role: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise Unsupported("messages", "message content must be text or a list of parts")
+    text_type = "output_text" if role == "assistant" else "input_text"
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part, dict):
+            parts.append({"type": text_type, "text": part.get("text", "")})
+        elif kind == "image_url" and isinstance(part, dict):
+            image = part.get("image_url") or {}
+            url = image.get("url") if isinstance(image, dict) else image
+            item = {"type": "input_image", "image_url": url, "detail": "auto"}
+            if isinstance(image, dict) and image.get("detail"):
+                item["detail"] = image["detail"]
+            parts.append(item)
+        elif kind == "file" and isinstance(part, dict):
+            file = part.get("file") or {}
+            parts.append(
+                {"type": "input_file", **{k: v for k, v in file.items() if k != "file_id"}}
+            )
+        else:
+            raise Unsupported("messages", f"a content part {kind!r} has no Responses form here")
+    return parts
+
+
+def _responses_tool(tool: Any) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or tool.get("type") != "function":
+        raise Unsupported("tools", "only function tools are sent as Responses tools")
+    fields = ("name", "description", "parameters", "strict")
+    return {"type": "function", **{k: function[k] for k in fields if k in function}}

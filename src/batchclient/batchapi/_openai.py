@@ -35,10 +35,11 @@ from yarl import URL
 
 from .._core.ledger import Billing
 from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, keys_prompt_caches, mark_shared_prefixes
-from .._core.request import Request, Result
+from .._core.request import Request, Result, failed
+from .._core.responses import Unsupported, from_chat, to_completion
 from .._redact import redact_url
 from .._routing.retry import RETRYABLE_STATUS
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ErrorCode
 from ..jobs._validate import RequestLine
 from ..types import BatchStatus, Endpoint
 from ._backend import RemoteState, check_header_value, error_line, json_lines, rest_line
@@ -59,6 +60,9 @@ _RETRYABLE_CODES = frozenset(
 ``batchclient serve`` writes them for an upstream it could not reach)."""
 _CHUNK = 1024 * 1024
 _FIND_PAGES = 20
+
+_CHAT = Endpoint.chat_completions.value
+_RESPONSES = Endpoint.responses.value
 
 
 class OpenAIBackend:
@@ -99,6 +103,9 @@ class OpenAIBackend:
             )
         origin = str(URL(self._url).origin())
         self.prompt_caching = caching is True or (caching == "auto" and keys_prompt_caches(origin))
+        self.api = options["api"]
+        if self.api not in ("chat", "responses"):
+            raise ConfigurationError(f"api must be 'chat' or 'responses', not {self.api!r}")
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {"provider": "batch-api", "base_url": self.base_url}
@@ -202,6 +209,12 @@ class OpenAIBackend:
         return line.custom_id
 
     def encode(self, line: RequestLine, endpoint: str) -> bytes | Result:
+        if self.api == "responses" and endpoint == _CHAT:
+            try:
+                body = from_chat(line.body)
+            except Unsupported as exc:
+                return failed(ErrorCode.unsupported_parameter, exc.message, param=exc.param)
+            return batch_line(line.custom_id, _RESPONSES, body)
         return batch_line(line.custom_id, endpoint, line.body)
 
     async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
@@ -231,6 +244,8 @@ class OpenAIBackend:
         model = None
         if self.spec.needs_model:  # Mistral names the model per job, not per line
             model = await to_thread.run_sync(_first_model, path)
+        if self.api == "responses" and endpoint == _CHAT:
+            endpoint = _RESPONSES  # its lines were written as Responses requests (encode)
         body = create_body(self.spec, upload, endpoint, window, marks, model)
         return (await self._batch("POST", self.spec.batches, json=body)).id
 
@@ -277,7 +292,8 @@ class OpenAIBackend:
             for file_id in (batch.output_file_id, batch.error_file_id):
                 if file_id:
                     await self._once("GET", f"/files/{file_id}/content", _saved_to(raw))
-                    await to_thread.run_sync(_append_marked, raw, dest)
+                    as_chat = self.api == "responses"
+                    await to_thread.run_sync(_append_marked, raw, dest, as_chat)
         finally:
             await anyio.Path(raw).unlink(missing_ok=True)
 
@@ -330,14 +346,31 @@ def _write_failure(batch: RemoteBatch, dest: Path) -> None:
         out.write(rest_line("batch_failed", message, retryable=True))
 
 
-def _append_marked(raw: Path, dest: Path) -> None:
+def _append_marked(raw: Path, dest: Path, as_chat: bool = False) -> None:
     """Append the downloaded output or error file ``raw`` to ``dest``, each line a request
-    may get otherwise in a later batch marked ``retryable``."""
+    may get otherwise in a later batch marked ``retryable``; with ``as_chat`` (chat lines sent
+    as Responses requests), each ``Response`` answer as the chat completion it stands for."""
     with dest.open("ab") as out:
         for obj in json_lines(raw):
             if _retryable(obj):
                 obj["retryable"] = True
+            if as_chat:
+                _response_as_chat(obj)
             out.write(orjson.dumps(obj) + b"\n")
+
+
+def _response_as_chat(obj: Any) -> None:
+    """An output line's ``Response`` body made the ``chat.completion`` it stands for; one that
+    is not a usable ``Response`` is left as it came (its request's ``bad_upstream_response``
+    when decoded as chat)."""
+    response = obj.get("response") if isinstance(obj, dict) else None
+    if not isinstance(response, dict):
+        return
+    body = response.get("body")
+    if isinstance(body, dict) and body.get("object") == "response":
+        completion = to_completion(body)
+        if completion is not None:
+            response["body"] = completion
 
 
 def _retryable(obj: Any) -> bool:

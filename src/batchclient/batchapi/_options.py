@@ -153,6 +153,18 @@ class BatchAPIOptions(RemoteBatchOptions, total=False):
             "A line's own key is kept.",
         ),
     ]
+    api: Annotated[
+        Literal["chat", "responses"],
+        Option(
+            "chat",
+            "Where chat lines go: chat (/v1/chat/completions batches) or responses "
+            "(/v1/responses batches, for models served only there: each line sent as the "
+            "Responses request it stands for, each answer read back as a chat completion with "
+            "the reasoning summary and tokens kept). A field the Responses API has no place "
+            "for (stop, seed, logprobs, n > 1, penalties) is that line's "
+            "unsupported_parameter.",
+        ),
+    ]
 
 
 class AnthropicBatchOptions(RemoteBatchOptions, total=False):

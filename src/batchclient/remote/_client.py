@@ -31,6 +31,7 @@ from .._core.ledger import Billing
 from .._core.prefix import PROMPT_CACHE_MIN_TOKENS, keys_prompt_caches, prefix_key
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
+from .._core.responses import Unsupported, from_chat, to_completion
 from .._core.scoring import prompt_logprobs_body
 from .._core.tokens import Tokenizer
 from .._options import document, resolve
@@ -157,6 +158,9 @@ class RemoteProvider(Provider):
         self.embedding_group_size = size
         self.prefix_affinity = o["prefix_affinity"]
         self.service_tier = o["service_tier"]
+        self.api = o["api"]
+        if self.api not in ("chat", "responses"):
+            raise ConfigurationError(f"api must be 'chat' or 'responses', not {self.api!r}")
         self.flex = self.service_tier == "flex"
         if self.flex and "timeout_s" not in options:
             self.timeout_s = o["timeout_s"] = FLEX_TIMEOUT_S
@@ -197,7 +201,9 @@ class RemoteProvider(Provider):
         return sum(replica.settings.maximum for replica in self._dispatcher.replicas)
 
     def identity(self) -> dict[str, Any]:
-        return {"provider": "remote", "base_url": self.base_url}
+        # api="responses" changes where chat requests go (said only then: older jobs resume)
+        extra = {"api": self.api} if self.api != "chat" else {}
+        return {"provider": "remote", "base_url": self.base_url, **extra}
 
     async def cache_identity(self, model: str) -> dict[str, Any]:
         """Every replica's URL (without credentials) and what ``GET /models`` reports about
@@ -211,6 +217,7 @@ class RemoteProvider(Provider):
             "base_urls": sorted({public_url(e.url) for e in self.replicas_given}),
             "model": model,
             "served": None if card is None else served_model_facts(card),
+            **({"api": self.api} if self.api != "chat" else {}),
         }
 
     async def tokenizer_path(self, model: str) -> str | None:
@@ -315,6 +322,15 @@ class RemoteProvider(Provider):
             return await self._embedding_groups.execute(body)
         if self._adds_fields and endpoint is Endpoint.chat_completions:
             body = self._with_tier_and_key(request, body)
+        as_responses = self.api == "responses" and endpoint is Endpoint.chat_completions
+        if as_responses:
+            try:
+                body = from_chat(body)
+            except Unsupported as exc:
+                return failed(
+                    ErrorCode.unsupported_parameter, exc.message, status_code=400, param=exc.param
+                )
+            endpoint = Endpoint.responses
         # what ``_send_embeddings`` does, inlined: one coroutine less per request on the hot path
         model = str(body.get("model"))
         data = _encoded(body)
@@ -331,6 +347,8 @@ class RemoteProvider(Provider):
             result = await self._send_flex(model, path, body, data, endpoint, key)
         else:
             result = await self._send(model, path, body, data, endpoint, key)
+        if as_responses:
+            result = _as_completion(result)
         if tools is not None and result.error is None and result.body is not None:
             apply_to_body(tools, result.body)
         return result
@@ -682,6 +700,18 @@ def _parse_success(
             detail = redactor.excerpt(raw)
         return _bad_upstream(status, f"answer without choices: {redactor.text(detail)}")
     return Result(status_code=status, body=body)
+
+
+def _as_completion(result: Result) -> Result:
+    """A ``Response`` answer (``api="responses"``) as the chat completion it stands for."""
+    if result.error is not None or not isinstance(result.body, dict):
+        return result
+    completion = to_completion(result.body)
+    if completion is None:
+        status = result.status_code or 200
+        return _bad_upstream(status, "the answer is not a usable Response")
+    result.body = completion
+    return result
 
 
 def _bad_upstream(status: int, message: str) -> Result:

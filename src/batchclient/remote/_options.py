@@ -195,6 +195,18 @@ class RemoteOptions(TypedDict, total=False):
             metavar="POLICY",
         ),
     ]
+    api: Annotated[
+        Literal["chat", "responses"],
+        Option(
+            "chat",
+            "Where chat requests go: chat (/v1/chat/completions) or responses (/v1/responses, "
+            "for models served only there: system messages become instructions, max_tokens "
+            "max_output_tokens, response_format text.format; answers come back as chat "
+            "completions with the reasoning summary and reasoning tokens kept). A field the "
+            "Responses API has no place for (stop, seed, logprobs, n > 1, penalties) is that "
+            "item's unsupported_parameter.",
+        ),
+    ]
     service_tier: Annotated[
         str | None,
         Option(
