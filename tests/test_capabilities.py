@@ -10,9 +10,10 @@ expectations come from one table, :data:`CAPABILITIES`.
   Ray cluster).
 - **Call kinds**: chat (``batch_chat_completion``), completions (``batch_completion``), scoring
   (``batch_loglikelihood`` over token ids; ``batch_loglikelihood_rolling`` is refused with it),
-  embeddings (``batch_embeddings``) and responses (``/v1/responses`` lines and
+  embeddings (``batch_embeddings``), responses (``/v1/responses`` lines and
   ``POST /v1/responses``: no call of the protocol, so the job and server faces only; passed
-  through where the provider speaks the Responses API, run as chat elsewhere).
+  through where the provider speaks the Responses API, run as chat elsewhere) and moderations
+  (``/v1/moderations`` lines and ``POST /v1/moderations``, passed through; no call either).
 - **Faces**: ``call`` (the Python call), ``job`` (``client.files.create`` +
   ``client.batches.create`` of an OpenAI batch file for the kind's endpoint, then its output and
   error files and ``job_result``), ``server`` (``create_app`` over the client on loopback,
@@ -47,7 +48,7 @@ from typing import Any, cast
 import anyio
 import openai
 import pytest
-from openai.types import Completion, CreateEmbeddingResponse
+from openai.types import Completion, CreateEmbeddingResponse, ModerationCreateResponse
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
@@ -85,7 +86,7 @@ PROVIDERS = (
     "inline-pooling",
     "ray",
 )
-KINDS = ("chat", "completions", "scoring", "embeddings", "responses")
+KINDS = ("chat", "completions", "scoring", "embeddings", "responses", "moderations")
 FACES = ("call", "job", "server")
 
 OK = "ok"
@@ -122,8 +123,11 @@ SERVES: dict[str, dict[str, str]] = {
     "ray": {"chat": OK, "completions": OK, "scoring": OK, "embeddings": REFUSED, "responses": OK},
 }  # fmt: skip
 
-NO_CALL = frozenset({"responses"})
+NO_CALL = frozenset({"responses", "moderations"})
 """Kinds without a call of the protocol: their cells are the job and server faces."""
+
+for _provider, _serves in SERVES.items():  # moderations pass through to OpenAI-shaped servers
+    _serves["moderations"] = OK if _provider in ("remote", "batch-api") else REFUSED
 
 CELLS = [
     (provider, kind, face)
@@ -243,13 +247,18 @@ def _check_embedding(item: Any, got: Any) -> None:
 
 
 async def _no_call(client: BatchClient, items: list[Any], ids: list[str]) -> list[Any]:
-    raise AssertionError("the Responses kind has no call face")
+    raise AssertionError("this kind has no call face")
 
 
 def _check_response_body(item: Any, body: dict[str, Any]) -> None:
     response = Response.model_validate(body)
     assert isinstance(response.output_text, str) and response.usage is not None
     assert 1 <= response.usage.output_tokens <= MAX_TOKENS
+
+
+def _check_moderation_body(item: Any, body: dict[str, Any]) -> None:
+    response = ModerationCreateResponse.model_validate(body)
+    assert len(response.results) == 1 and not response.results[0].flagged
 
 
 def _check_embedding_body(item: Any, body: dict[str, Any]) -> None:
@@ -319,6 +328,19 @@ SPECS: dict[str, Kind] = {
         sdk=lambda sdk, body: sdk.responses.create(**body),
         size=lambda got: got.metric("prompt_tokens"),
         body_size=lambda body: int(body["usage"]["input_tokens"]),
+    ),
+    "moderations": Kind(
+        endpoint=Endpoint.moderations,
+        good=lambda i: f"text number {i}" + " more" * 2 * i,
+        bad=OVERLONG,
+        call=_no_call,
+        check_item=_check_chat,
+        body=lambda item: {"model": MODEL, "input": item},
+        check_body=_check_moderation_body,
+        sdk=lambda sdk, body: sdk.moderations.create(**body),
+        size=lambda got: None,
+        # the stub scores harassment at words / 1,000: it grows with the item's text
+        body_size=lambda body: round(body["results"][0]["category_scores"]["harassment"] * 1000),
     ),
 }
 
@@ -437,6 +459,8 @@ def _cells() -> list[Any]:
     cells = []
     for cell in CELLS:
         marks = list(_MARKS[cell[0]])
+        if cell[0] == "batch-api" and cell[1] in NO_CALL:
+            marks.append(pytest.mark.slow)  # the remote cells show the same in the quick tier
         if cell in KNOWN_DEFECTS:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[cell]))
         cells.append(pytest.param(cell, marks=marks, id="-".join(cell)))

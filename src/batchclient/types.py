@@ -42,6 +42,7 @@ __all__ = [
     "BatchEta",
     "BatchItemError",
     "BatchLoglikelihoodResponse",
+    "BatchModerationResponse",
     "BatchOptions",
     "BatchProgress",
     "BatchRequestCounts",
@@ -70,6 +71,7 @@ __all__ = [
     "Message",
     "MessageLike",
     "MetricInResponse",
+    "ModerationResponse",
     "OutputTokensDetails",
     "ProgressCallback",
     "ResponseFormat",
@@ -569,9 +571,54 @@ class BatchEmbeddingsResponse(_Model):
         return [r.vector for r in self.batch]
 
 
-BatchResponse = BatchChatCompletionResponse | BatchCompletionResponse | BatchEmbeddingsResponse
-"""A job's results (``job_result``), by the batch's endpoint: chat completions, completions or
-embeddings."""
+class ModerationResponse(_Model):
+    """The moderation of one input: ``results``, the OpenAI ``ModerationCreateResponse``'s
+    ``results`` (one ``Moderation`` object per input text or image, as the server sent them).
+    A failed item has ``error`` set and ``results`` None."""
+
+    results: list[dict[str, Any]] | None = None
+    metrics: list[MetricInResponse] | None = None
+    error: BatchItemError | None = None
+    custom_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def flagged(self) -> bool:
+        """Whether any of the item's results is flagged (False on error)."""
+        return any(bool(r.get("flagged")) for r in self.results or ())
+
+    def metric(self, name: str) -> float | None:
+        """The value of the metric called ``name``, or None."""
+        return next((m.value for m in self.metrics or () if m.metric == name), None)
+
+    @property
+    def cached(self) -> bool:
+        """Whether the result cache gave this answer (its ``cached`` metric)."""
+        return self.metric("cached") == 1
+
+
+class BatchModerationResponse(_Model):
+    """``batch`` has exactly one entry per ``/v1/moderations`` line, in input order."""
+
+    batch: list[ModerationResponse]
+
+    @property
+    def errors(self) -> list[tuple[int, BatchItemError]]:
+        """(index, error) for every failed item."""
+        return [(i, r.error) for i, r in enumerate(self.batch) if r.error is not None]
+
+
+BatchResponse = (
+    BatchChatCompletionResponse
+    | BatchCompletionResponse
+    | BatchEmbeddingsResponse
+    | BatchModerationResponse
+)
+"""A job's results (``job_result``), by the batch's endpoint: chat completions (and Responses
+lines, each as the chat answer it stands for), completions, embeddings or moderations."""
 
 ScoringRequest = tuple[str, str] | tuple[list[int], list[int]]
 """One ``batch_loglikelihood`` request: ``(context, continuation)`` as text, or as token ids
@@ -624,6 +671,7 @@ class Endpoint(StrEnum):
     completions = "/v1/completions"
     embeddings = "/v1/embeddings"
     responses = "/v1/responses"
+    moderations = "/v1/moderations"
 
     @property
     def path(self) -> str:

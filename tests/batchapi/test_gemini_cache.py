@@ -95,6 +95,7 @@ async def test_a_few_shot_batch_reads_one_cached_prefix_deleted_at_the_end(
     assert all(p is not None and c is not None and p > c for p, c in pairs)
 
 
+@pytest.mark.slow
 async def test_an_uploaded_part_reads_the_cached_prefix_too(tmp_path: Path) -> None:
     with GeminiBatchStub(api_key=KEY) as stub:
         async with client(stub, tmp_path, inline_bytes=0, prompt_caching=True) as c:
@@ -106,6 +107,7 @@ async def test_an_uploaded_part_reads_the_cached_prefix_too(tmp_path: Path) -> N
     assert [i.text for i in result.batch] == [f"echo: What is {i} + {i}?" for i in range(3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("caching", "requests", "creates"),
     [("auto", 3, 0), (True, 3, 1), (False, 12, 0), ("auto", 10, 1)],
@@ -125,6 +127,7 @@ async def test_how_many_must_share_a_prefix(
     assert not result.errors and len(result.batch) == requests
 
 
+@pytest.mark.slow
 async def test_a_refused_create_sends_the_requests_as_they_were(tmp_path: Path) -> None:
     # Gemini refuses a cached content under the model's minimum with 400 INVALID_ARGUMENT
     with GeminiBatchStub(api_key=KEY, cache_min_words=10**6) as stub:

@@ -59,6 +59,8 @@ def test_post_responses_one_at_a_time(stub: StubServer, tmp_path: Path) -> None:
     assert isinstance(response, Response) and response.output_text == "echo: hello there"
 
 
+@pytest.mark.slow  # the anthropic SDK's import alone takes seconds
+@pytest.mark.xdist_group("anthropic")
 def test_post_responses_on_a_chat_only_provider_is_translated(tmp_path: Path) -> None:
     fast = RetryPolicy(backoff_initial_s=0.01, backoff_max_s=0.05)
     with AnthropicBatchStub(api_key="sk-ant-test") as upstream:
@@ -87,6 +89,8 @@ def test_post_responses_on_a_chat_only_provider_is_translated(tmp_path: Path) ->
     assert params["system"] == "Be brief." and params["max_tokens"] == 8
 
 
+@pytest.mark.slow  # the anthropic SDK's import alone takes seconds
+@pytest.mark.xdist_group("anthropic")
 def test_a_responses_file_on_anthropic_batch_from_the_shell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -448,7 +448,7 @@ BAD_INPUT = [
     ("POST", "/v1/chat/completions", dict(CHAT, messages=[]), None, 400, "messages"),
     ("POST", "/v1/chat/completions", dict(CHAT, stream=True), None, 400, "stream"),
     ("POST", "/v1/chat/completions", dict(CHAT, model="gpt-9"), None, 404, "model"),
-    ("POST", "/v1/moderations", {"model": "smollm2", "input": "x"}, None, 404, None),
+    ("POST", "/v1/images/generations", {"model": "smollm2", "prompt": "x"}, None, 404, None),
     ("GET", "/v1/models/gpt-9", None, None, 404, "model"),
     ("GET", "/v1/nowhere", None, None, 404, None),
     ("DELETE", "/v1/models", None, None, 405, None),

@@ -64,6 +64,7 @@ from ..types import (
     BatchEmbeddingsResponse,
     BatchError,
     BatchErrors,
+    BatchModerationResponse,
     BatchOptions,
     BatchResponse,
     BatchStatus,
@@ -86,6 +87,7 @@ _RESPONSES: dict[Endpoint, type[BatchResponse]] = {
     Endpoint.completions: BatchCompletionResponse,
     Endpoint.embeddings: BatchEmbeddingsResponse,
     Endpoint.responses: BatchChatCompletionResponse,  # each line as the chat answer it stands for
+    Endpoint.moderations: BatchModerationResponse,
 }
 
 _STATUS_MAP = {

@@ -29,20 +29,22 @@ import orjson
 from .._core.completions import to_completion_response
 from .._core.decode import to_response
 from .._core.embeddings import to_embedding_response
-from .._core.request import Request, Result
+from .._core.request import Request, Result, item_error
 from .._core.responses import answered, schemas, to_completion
 from .._core.usage import TokenCounts, token_counts
+from ..errors import ErrorCode
 from ..types import (
     ChatCompletionResponse,
     CompletionResponse,
     EmbeddingResponse,
     Endpoint,
     FileObject,
+    ModerationResponse,
 )
 from ._lease import hold
 from ._store import ResultRow, Store, now, open_private
 
-ItemResponse = ChatCompletionResponse | CompletionResponse | EmbeddingResponse
+ItemResponse = ChatCompletionResponse | CompletionResponse | EmbeddingResponse | ModerationResponse
 """The protocol's answer to one line, by the batch's endpoint."""
 
 
@@ -62,11 +64,32 @@ def _from_response(request: Request, result: Result) -> ChatCompletionResponse:
     return to_response(request, result)
 
 
+def _moderation(request: Request, result: Result) -> ModerationResponse:
+    """A ``/v1/moderations`` line's answer: its ``results``, or ``bad_upstream_response`` for
+    an answer without a list of them."""
+    if result.error is not None:
+        return ModerationResponse(error=result.error, custom_id=request.custom_id)
+    body = result.body or {}
+    results = body.get("results")
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+        error = item_error(
+            ErrorCode.bad_upstream_response,
+            f"answer without results: {json.dumps(body)[:300]}",
+            status_code=result.status_code,
+        )
+        return ModerationResponse(error=error, custom_id=request.custom_id)
+    metrics = [{"metric": "cached", "value": 1.0}] if result.cached else None
+    return ModerationResponse.model_validate(
+        {"results": results, "metrics": metrics, "custom_id": request.custom_id}
+    )
+
+
 _DECODE: dict[Endpoint, Callable[[Request, Result], ItemResponse]] = {
     Endpoint.chat_completions: to_response,
     Endpoint.completions: to_completion_response,
     Endpoint.embeddings: to_embedding_response,
     Endpoint.responses: _from_response,
+    Endpoint.moderations: _moderation,
 }
 
 

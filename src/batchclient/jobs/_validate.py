@@ -6,8 +6,8 @@ str, ...}}``; one endpoint and one model per file; ``stream: true`` is refused. 
 ``messages`` (a non-empty list of objects with a ``role``) for ``/v1/chat/completions``,
 ``prompt`` for ``/v1/completions`` and ``input`` for ``/v1/embeddings`` (each text, token ids,
 or a non-empty list of either; no empty text to embed), ``input`` for ``/v1/responses`` (text or
-a non-empty list of input items). One error per bad
-line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
+a non-empty list of input items) and ``/v1/moderations`` (text or a non-empty list). One error
+per bad line, with OpenAI's code, the 1-based *physical* line number and ``param``. Blank and
 whitespace-only lines are skipped and not counted; ``\\r\\n`` endings and a UTF-8 BOM are
 tolerated (the BOM is dropped); anything that is not UTF-8 is refused with a message naming what
 it looks like: a UTF-16 or UTF-32 file (with or without a BOM; the pattern of NUL bytes tells,
@@ -301,11 +301,21 @@ def _check_responses(body: dict[str, Any]) -> Problem | None:
     return ErrorCode.invalid_request, "body.input must be text or a non-empty list", "body.input"
 
 
+def _check_moderations(body: dict[str, Any]) -> Problem | None:
+    if "input" not in body:
+        return ErrorCode.missing_required_parameter, "body has no 'input'", "body.input"
+    value = body["input"]
+    if isinstance(value, str) or (isinstance(value, list) and value):
+        return None
+    return ErrorCode.invalid_request, "body.input must be text or a non-empty list", "body.input"
+
+
 _BODY_CHECKS: dict[str, Callable[[dict[str, Any]], Problem | None]] = {
     Endpoint.chat_completions: _check_chat,
     Endpoint.completions: _check_completions,
     Endpoint.embeddings: _check_embeddings,
     Endpoint.responses: _check_responses,
+    Endpoint.moderations: _check_moderations,
 }
 
 

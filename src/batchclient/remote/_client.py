@@ -683,6 +683,10 @@ def _parse_success(
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             return _bad_upstream(status, f"answer without data: {redactor.excerpt(raw)}")
         return Result(status_code=status, body=body)
+    if endpoint is Endpoint.moderations:
+        if not isinstance(body.get("results"), list):
+            return _bad_upstream(status, f"answer without results: {redactor.excerpt(raw)}")
+        return Result(status_code=status, body=body)
     if endpoint is Endpoint.responses:
         if not isinstance(body.get("output"), list):
             return _bad_upstream(status, f"answer without output: {redactor.excerpt(raw)}")

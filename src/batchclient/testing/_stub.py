@@ -39,7 +39,12 @@ from typing import Any
 from aiohttp import web
 
 from ..types import Endpoint
-from ._stub_answers import embedding_body, responses_body, text_completion_body
+from ._stub_answers import (
+    embedding_body,
+    moderation_body,
+    responses_body,
+    text_completion_body,
+)
 
 __all__ = [
     "QUOTA_STYLES",
@@ -356,6 +361,7 @@ class StubServer:
         app.router.add_post(Endpoint.completions.value, self._completions)
         app.router.add_post(Endpoint.embeddings.value, self._embeddings)
         app.router.add_post(Endpoint.responses.value, self._responses)
+        app.router.add_post(Endpoint.moderations.value, self._moderations)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         return app
@@ -395,6 +401,9 @@ class StubServer:
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         return await self._post(request, responses_body)
+
+    async def _moderations(self, request: web.Request) -> web.StreamResponse:
+        return await self._post(request, moderation_body)
 
     async def _post(self, request: web.Request, answer: Answer) -> web.StreamResponse:
         stats = self.stats

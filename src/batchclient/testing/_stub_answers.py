@@ -181,3 +181,36 @@ def responses_body(body: dict[str, Any], model: str | None = None) -> dict[str, 
             "total_tokens": prompt + len(words),
         },
     }  # fmt: skip
+
+
+_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit",
+    "illicit/violent", "self-harm", "self-harm/instructions", "self-harm/intent", "sexual",
+    "sexual/minors", "violence", "violence/graphic",
+)  # fmt: skip
+"""The categories of OpenAI's ``omni-moderation`` models (every one the SDK's type needs)."""
+
+
+def moderation_body(body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    """The stub's normal answer to a ``/v1/moderations`` body: one result per input text,
+    flagged (``violence``) when the text contains ``FLAG``; each text's ``harassment`` score is
+    its word count / 1,000 (capped at 1), so an answer can be told from another's."""
+    value = body.get("input")
+    texts = [value] if isinstance(value, str) else list(value or [])
+    results = []
+    for text in texts:
+        text = text if isinstance(text, str) else json.dumps(text)
+        flagged = "FLAG" in text
+        scores = dict.fromkeys(_CATEGORIES, 0.0)
+        scores["harassment"] = min(1.0, len(text.split()) / 1000)
+        scores["violence"] = 0.99 if flagged else 0.0
+        categories = {name: name == "violence" and flagged for name in _CATEGORIES}
+        results.append(
+            {"flagged": flagged, "categories": categories, "category_scores": scores,
+             "category_applied_input_types": {name: ["text"] for name in _CATEGORIES}}
+        )  # fmt: skip
+    return {
+        "id": f"modr-stub{random.getrandbits(48):x}",
+        "model": model or body.get("model", "stub"),
+        "results": results,
+    }
