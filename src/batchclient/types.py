@@ -857,12 +857,17 @@ class BatchOptions(TypedDict, total=False):
       successful results are copied instead of being sent again.
     - ``cache``: answer from the result cache and fill it (None or absent: the client's
       ``cache`` switch). Recorded with the batch, so a resumed batch keeps it.
+    - ``output_expires_after_s``: the batch's output and error files expire this many seconds
+      after the batch was created (OpenAI's ``output_expires_after`` with the ``created_at``
+      anchor): their ``expires_at`` says when, and after it they are deleted (None or absent:
+      kept until deleted).
     """
 
     completion_window: str
     metadata: dict[str, str] | None
     reuse_results_from: str | None
     cache: bool | None
+    output_expires_after_s: int | None
 
 
 Tier = Literal["batch", "flex", "standard", "local"]
@@ -942,7 +947,9 @@ class BatchEstimate(_Model):
 class FileObject(_Model):
     """A stored file (OpenAI ``/v1/files`` shape, ``openai.types.FileObject``); ``bytes`` is its
     size, ``created_at`` unix seconds, ``purpose`` ``batch`` for inputs and ``batch_output`` for
-    files the jobs write. Files never expire here (``expires_at`` None); ``status`` and
+    files the jobs write. ``expires_at``: None (kept until deleted), or for the output and
+    error files of a batch created with ``output_expires_after_s``, when they are deleted
+    (unix seconds); ``status`` and
     ``status_details`` are kept for the SDK's shape (OpenAI marks both deprecated)."""
 
     id: str

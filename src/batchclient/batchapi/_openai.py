@@ -104,6 +104,13 @@ class OpenAIBackend:
         origin = str(URL(self._url).origin())
         self.prompt_caching = caching is True or (caching == "auto" and keys_prompt_caches(origin))
         self.api = options["api"]
+        self.output_expires_after_s = options["output_expires_after_s"]
+        expiry = self.output_expires_after_s
+        if expiry is not None and not 3600 <= expiry <= 2_592_000:
+            raise ConfigurationError(
+                "output_expires_after_s must be between 3600 and 2592000 seconds (OpenAI's "
+                f"bounds: one hour to 30 days), not {expiry!r}"
+            )
         if self.api not in ("chat", "responses"):
             raise ConfigurationError(f"api must be 'chat' or 'responses', not {self.api!r}")
 
@@ -247,6 +254,9 @@ class OpenAIBackend:
         if self.api == "responses" and endpoint == _CHAT:
             endpoint = _RESPONSES  # its lines were written as Responses requests (encode)
         body = create_body(self.spec, upload, endpoint, window, marks, model)
+        if self.output_expires_after_s is not None and self.spec.name == "openai":
+            seconds = self.output_expires_after_s
+            body["output_expires_after"] = {"anchor": "created_at", "seconds": seconds}
         return (await self._batch("POST", self.spec.batches, json=body)).id
 
     async def find(

@@ -153,6 +153,17 @@ class BatchAPIOptions(RemoteBatchOptions, total=False):
             "A line's own key is kept.",
         ),
     ]
+    output_expires_after_s: Annotated[
+        int | None,
+        Option(
+            None,
+            "Sent as output_expires_after (anchor created_at) with each remote batch: the "
+            "server deletes its output and error files this many seconds after the batch's "
+            "creation (OpenAI: 3600 to 2592000; sent to OpenAI and batchclient serve only). "
+            "Results are downloaded as soon as a remote batch ends, so this never loses them.",
+            metavar="SECONDS",
+        ),
+    ]
     api: Annotated[
         Literal["chat", "responses"],
         Option(

@@ -379,8 +379,18 @@ class JobManager:
         metadata: dict[str, str] | None = None,
         reuse_results_from: str | None = None,
         cache: bool | None = None,
+        output_expires_after_s: int | None = None,
     ) -> Batch:
         """Create a batch over an uploaded file and start it; see :meth:`Batches.create`."""
+        if output_expires_after_s is not None and (
+            isinstance(output_expires_after_s, bool)
+            or not isinstance(output_expires_after_s, int)
+            or output_expires_after_s < 1
+        ):
+            raise ConfigurationError(
+                f"output_expires_after_s must be a whole number of seconds >= 1, "
+                f"not {output_expires_after_s!r}"
+            )
         if self._provider is None:
             raise ConfigurationError("this job manager has no provider: it cannot run jobs")
         supported = sorted(e.value for e in self._provider.endpoints)
@@ -425,6 +435,7 @@ class JobManager:
                 "owner": self.owner,
                 "heartbeat_at": time.time(),
                 "owner_kernel": store.kernel,
+                "output_expires_s": output_expires_after_s,
             },
         )
         self._start(job_id)

@@ -348,12 +348,15 @@ def _write_job_file(
     if size == 0:
         path.unlink(missing_ok=True)
         return None
+    job = store.job_row(job_id)
+    expires = None if job.output_expires_s is None else job.created_at + job.output_expires_s
     record = FileObject(
         id=file_id,
         bytes=size,
         created_at=now(),
         filename=f"{job_id}_{kind}.jsonl",
         purpose="batch_output",
+        expires_at=expires,
     )
     store.add_file(record, sha)
     return file_id

@@ -63,6 +63,11 @@ _CLASS_COLUMNS = (
 )
 
 
+def _expiring_files(db: sqlite3.Connection) -> None:
+    add_columns("files", "expires_at INTEGER")(db)
+    add_columns("jobs", "output_expires_s INTEGER")(db)
+
+
 def _token_classes(db: sqlite3.Connection) -> None:
     for table in ("results", "jobs"):
         add_columns(table, *_CLASS_COLUMNS)(db)
@@ -118,6 +123,8 @@ CREATE INDEX IF NOT EXISTS files_created_at ON files(created_at)
         ),
         # the token classes beyond input and output: cache reads and writes, reasoning
         Migration(7, _token_classes),
+        # output files that expire (OpenAI's output_expires_after)
+        Migration(8, _expiring_files),
     ),
 )
 """The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
@@ -217,6 +224,7 @@ class JobRow:
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    output_expires_s: int | None = None
 
 
 class Store:
@@ -260,15 +268,32 @@ class Store:
 
     def add_file(self, record: FileObject, sha256: str) -> None:
         self.db.write(
-            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
-            (record.id, record.filename, record.bytes, record.created_at, record.purpose, sha256),
+            "INSERT INTO files (id, filename, bytes, created_at, purpose, sha256, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id,
+                record.filename,
+                record.bytes,
+                record.created_at,
+                record.purpose,
+                sha256,
+                record.expires_at,
+            ),
         )
 
     def get_file(self, file_id: str) -> FileObject:
+        """The file's record. An expired file is deleted here and reported missing."""
         row = self.db.one("SELECT * FROM files WHERE id = ?", (file_id,))
+        if row is not None and _expired(row):
+            self._drop_expired(file_id)
+            row = None
         if row is None:
             raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
         return _file(row)
+
+    def _drop_expired(self, file_id: str) -> None:
+        if self.db.write("DELETE FROM files WHERE id = ? AND expires_at <= ?", (file_id, now())):
+            self.file_path(file_id).unlink(missing_ok=True)
 
     def file_sha256(self, file_id: str) -> str:
         row = self.db.one("SELECT sha256 FROM files WHERE id = ?", (file_id,))
@@ -291,7 +316,10 @@ class Store:
                 "SELECT * FROM files WHERE purpose = ? ORDER BY created_at DESC, rowid DESC",
                 (purpose,),
             )
-        return [_file(r) for r in rows]
+        for row in rows:
+            if _expired(row):
+                self._drop_expired(row["id"])
+        return [_file(r) for r in rows if not _expired(r)]
 
     def delete_file(self, file_id: str) -> None:
         if not self.db.write("DELETE FROM files WHERE id = ?", (file_id,)):
@@ -628,7 +656,13 @@ def _file(row: sqlite3.Row) -> FileObject:
         created_at=row["created_at"],
         filename=row["filename"],
         purpose=row["purpose"],
+        expires_at=row["expires_at"],
     )
+
+
+def _expired(row: sqlite3.Row) -> bool:
+    expires = row["expires_at"]
+    return expires is not None and expires <= now()
 
 
 def _job(row: JobRow) -> Batch:

@@ -4,12 +4,12 @@ are ``/v1/files`` objects with purpose ``batch_output``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .._core.client import BatchClient
 from .._core.responses import serves
@@ -26,10 +26,20 @@ from ._routes_files import page
 router = APIRouter(prefix="/v1")
 
 
+class OutputExpiresAfter(BaseModel):
+    """OpenAI's ``output_expires_after``: the output and error files expire ``seconds`` (one
+    hour to 30 days) after the batch's ``created_at``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=2_592_000)
+
+
 class BatchCreate(BaseModel):
     """``POST /v1/batches`` (OpenAI's ``BatchCreateParams``). ``completion_window`` accepts any
-    duration (``"24h"``, ``"30m"``; OpenAI only ``"24h"``). ``output_expires_after`` is not
-    accepted: files are kept until deleted."""
+    duration (``"24h"``, ``"30m"``; OpenAI only ``"24h"``). Without ``output_expires_after``
+    the output and error files are kept until deleted."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -37,6 +47,7 @@ class BatchCreate(BaseModel):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
+    output_expires_after: OutputExpiresAfter | None = None
 
 
 @router.post("/batches")
@@ -72,6 +83,8 @@ async def create_batch(
     # drops a defaulted field, or sends no metadata as {}, is the same request
     understood = params.model_dump(mode="json")
     understood["metadata"] = understood.get("metadata") or None
+    if understood.get("output_expires_after") is None:  # keys recorded before it existed
+        understood.pop("output_expires_after", None)
     digest = body_digest(understood)
     async with tenant.create_lock:  # a retry racing the first request waits for its batch
         try:
@@ -106,6 +119,11 @@ async def _create(client: BatchClient, params: BatchCreate) -> Batch:
                 endpoint=params.endpoint,
                 completion_window=params.completion_window,
                 metadata=params.metadata,
+                output_expires_after_s=(
+                    None
+                    if params.output_expires_after is None
+                    else params.output_expires_after.seconds
+                ),
             )
     except ConfigurationError as exc:  # OpenAI's metadata limits, a file that is not "batch"
         message = str(exc)
