@@ -107,8 +107,9 @@ SERVES: dict[str, dict[str, str]] = {
         "chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": REFUSED,
         "responses": OK,
     },
+    # Gemini batches embed too (one text per request)
     "gemini-batch": {
-        "chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": REFUSED,
+        "chat": OK, "completions": REFUSED, "scoring": REFUSED, "embeddings": OK,
         "responses": OK,
     },
     "inline": {
@@ -314,8 +315,11 @@ SPECS: dict[str, Kind] = {
         body=lambda item: {"model": MODEL, "input": item},
         check_body=_check_embedding_body,
         sdk=lambda sdk, body: sdk.embeddings.create(**body),
-        size=lambda got: got.metric("prompt_tokens"),
-        body_size=lambda body: int(body["usage"]["prompt_tokens"]),
+        # Gemini reports no tokens per embedding: its stub's first number grows with the text
+        size=lambda got: got.metric("prompt_tokens") or round(got.vector[0] * 1000),
+        body_size=lambda body: (
+            int(body["usage"]["prompt_tokens"]) or round(body["data"][0]["embedding"][0] * 1000)
+        ),
     ),
     "responses": Kind(
         endpoint=Endpoint.responses,

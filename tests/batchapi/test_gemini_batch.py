@@ -321,3 +321,36 @@ async def test_ten_thousand_conversations_are_one_uploaded_create(tmp_path: Path
             result = await c.batch_chat_completion("gemini-x", convo(prompts))
     assert texts(result) == [f"echo: {p}" for p in prompts]
     assert (stub.stats.creates, stub.stats.uploads, stub.stats.requests) == (1, 1, 10_000)
+
+
+async def test_batch_embeddings_go_as_an_embeddings_batch(tmp_path: Path) -> None:
+    with GeminiBatchStub(api_key=KEY, shuffle=True, refuse_match="BAD") as stub:
+        async with client(stub, tmp_path) as c:
+            result = await c.batch_embeddings(
+                "gemini-embedding-001", ["one text", "two texts here", "a BAD one", "four"]
+            )
+            again = await c.batch_embeddings("gemini-embedding-001", ["four"])
+        assert stub.stats.uploads == 2 and stub.stats.creates == 2  # one file-based batch each
+    vectors = result.embeddings
+    assert [len(v) for v in vectors] == [8, 8, 0, 8]
+    assert vectors[3] == again.embeddings[0]  # the same text, the same vector
+    [(at, error)] = result.errors
+    assert at == 2 and error.code == "invalid_request"
+    # the first number of the stub's vector is the text's word count / 1,000: in order
+    assert [round(v[0] * 1000) for i, v in enumerate(vectors) if i != 2] == [2, 3, 1]
+
+
+def test_embedding_requests_one_text_each() -> None:
+    from batchclient.batchapi._gemini_translate import Unsupported, embedding_request
+
+    request = embedding_request({"model": "m", "input": ["hello"], "dimensions": 256})
+    assert request == {"content": {"parts": [{"text": "hello"}]}, "outputDimensionality": 256}
+    for body, param in (
+        ({"model": "m", "input": ["a", "b"]}, "input"),
+        ({"model": "m", "input": [1, 2, 3]}, "input"),
+        ({"model": "m", "input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ({"model": "m", "input": "a", "truncate": True}, "truncate"),
+    ):
+        with pytest.raises(Unsupported) as caught:
+            embedding_request(body)
+        assert caught.value.param == param

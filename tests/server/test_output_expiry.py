@@ -45,17 +45,23 @@ def test_serve_dates_the_output_files(tmp_path: Path) -> None:
             )  # fmt: skip
 
 
-async def test_an_expired_output_file_is_deleted(tmp_path: Path) -> None:
+async def test_an_expired_output_file_is_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with StubServer() as stub:
         async with RemoteBatchInference(stub.url, retry=FAST, state_dir=tmp_path) as client:
             record = await client.files.create(batch_file(2))
-            batch = await client.batches.create(record.id, output_expires_after_s=1)
+            batch = await client.batches.create(record.id, output_expires_after_s=3600)
             with anyio.fail_after(60):
                 batch = await client.batches.wait(batch.id)
             assert batch.output_file_id is not None
+            output = await client.files.retrieve(batch.output_file_id)
+            assert output.expires_at == batch.created_at + 3600
             path = await client.files.path(batch.output_file_id)
             assert path.exists()
-            await anyio.sleep(max(0.0, batch.created_at + 1.05 - time.time()))
+            # an hour and a second later
+            later = int(time.time()) + 3601
+            monkeypatch.setattr("batchclient.jobs._store.now", lambda: later)
             with pytest.raises(FileNotFoundInStoreError):
                 await client.files.retrieve(batch.output_file_id)
             assert not path.exists()

@@ -8,7 +8,10 @@ server and the inline pooling engine return it.
 
 from __future__ import annotations
 
+import array
+import base64
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,7 +21,7 @@ from .calls import lazy_requests
 from .completions import result_metrics
 from .request import Request, Result, item_error
 
-__all__ = ["embedding_requests", "to_embedding_response"]
+__all__ = ["as_requested", "embedding_requests", "to_embedding_response"]
 
 ENCODING_FORMATS = ("float", "base64")
 
@@ -104,3 +107,20 @@ def to_embedding_response(request: Request, result: Result) -> EmbeddingResponse
     return EmbeddingResponse(
         embedding=embedding, metrics=result_metrics(result), custom_id=custom_id
     )
+
+
+def as_requested(request_body: dict[str, Any], result: Result) -> Result:
+    """``result`` with its embeddings in the ``encoding_format`` the request asked for: floats
+    made the base64 text of the little-endian float32 array (OpenAI's form) for a request
+    that asked ``base64`` of a provider that answers floats only (Gemini's batches)."""
+    body = result.body
+    if request_body.get("encoding_format") != "base64" or not isinstance(body, dict):
+        return result
+    for entry in body.get("data") or ():
+        vector = entry.get("embedding") if isinstance(entry, dict) else None
+        if isinstance(vector, list) and all(isinstance(v, float) for v in vector):
+            floats = array.array("f", vector)
+            if sys.byteorder == "big":
+                floats.byteswap()
+            entry["embedding"] = base64.b64encode(floats.tobytes()).decode()
+    return result

@@ -21,6 +21,7 @@ import inspect
 import logging
 import os
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -46,7 +47,7 @@ from ._gemini_cache import (
     shared_prefixes,
 )
 from ._gemini_files import first_model, inline_requests, write_file, write_inline
-from ._gemini_translate import Unsupported, to_request
+from ._gemini_translate import Unsupported, embedding_request, to_request
 from ._options import GeminiBatchOptions
 from ._parts import Limits, private_file
 from ._retry import ApiError
@@ -58,6 +59,8 @@ __all__ = ["GEMINI_URL", "INLINE_BYTES", "INLINE_CAP", "MAX_BYTES", "MAX_LINES",
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# the SDK warns on every embeddings batch that the call is experimental: once is in the docs
+warnings.filterwarnings("ignore", message=r"batches\.create_embeddings\(\) is experimental")
 
 GEMINI_URL = "https://generativelanguage.googleapis.com"
 MAX_BYTES = int(0.95 * 2 * 1024**3)
@@ -72,7 +75,8 @@ MAX_LINES = 100_000
 """Requests in one remote batch: Gemini documents no count cap; smaller batches finish (and
 are resubmitted) in smaller pieces."""
 
-_CHAT = "/v1/chat/completions"
+_CHAT = Endpoint.chat_completions.value
+_EMBEDDINGS = Endpoint.embeddings.value
 _RUNNING = frozenset(
     {"JOB_STATE_UNSPECIFIED", "JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
     | {"JOB_STATE_PAUSED", "JOB_STATE_UPDATING"}
@@ -100,7 +104,7 @@ class GeminiBackend:
     """
 
     name = "gemini-batch"
-    endpoints = frozenset({Endpoint.chat_completions})
+    endpoints = frozenset({Endpoint.chat_completions, Endpoint.embeddings})
 
     def __init__(
         self, base_url: str | None, api_key: str | None, options: GeminiBatchOptions
@@ -203,17 +207,19 @@ class GeminiBackend:
         return str(line.seq)  # custom_id may be any string; a key is kept short and plain
 
     def encode(self, line: RequestLine, endpoint: str) -> bytes | Result:
-        if endpoint != _CHAT:
+        if endpoint not in (_CHAT, _EMBEDDINGS):
             return failed(
                 ErrorCode.unsupported_parameter,
-                f"the Gemini Batch API serves {_CHAT} only, not {endpoint}",
+                f"the Gemini Batch API serves {_CHAT} and {_EMBEDDINGS} only, not {endpoint}",
                 param="url",
             )
         model = line.body.get("model")
         if not isinstance(model, str) or not model:
             return failed(ErrorCode.invalid_request, "the request has no model", param="model")
         try:
-            request = to_request(line.body)
+            request = (
+                embedding_request(line.body) if endpoint == _EMBEDDINGS else to_request(line.body)
+            )
         except Unsupported as exc:
             return failed(ErrorCode.unsupported_parameter, exc.message, param=exc.param)
         request["model"] = (
@@ -224,7 +230,9 @@ class GeminiBackend:
     async def upload(self, path: Path, lines: int, marks: dict[str, str]) -> str | None:
         """Upload a part over ``inline_bytes`` as a file (its name); smaller ones go inline."""
         size = (await anyio.Path(path).stat()).st_size
-        if size <= self.inline_bytes:
+        # an embeddings batch always goes as a file: only its lines carry a key per request
+        embeddings = await to_thread.run_sync(_embeds, path)
+        if size <= self.inline_bytes and not embeddings:
             return None
         path = await self._with_caches(path, marks)
         config = {"mime_type": "application/jsonl", "display_name": _display_name(marks)}
@@ -242,6 +250,8 @@ class GeminiBackend:
         from google.genai import types
 
         src: list[Any] | str
+        if endpoint == _EMBEDDINGS:
+            return await self._submit_embeddings(upload, path, marks)
         if upload is None:
             source = await self._with_caches(path, marks)
             model, src = await to_thread.run_sync(inline_requests, source)
@@ -268,6 +278,28 @@ class GeminiBackend:
         if rewritten is not None:
             await anyio.Path(rewritten).unlink(missing_ok=True)
             self._renewed[str(job.name)] = time.monotonic()
+        return str(job.name)
+
+    async def _submit_embeddings(
+        self, upload: str | None, path: Path, marks: dict[str, str]
+    ) -> str:
+        """Create an embeddings batch (``asyncBatchEmbedContent``) over the uploaded part."""
+        from google.genai import types
+
+        if upload is None:
+            raise ApiError("an embeddings part was not uploaded", transient=True)
+        model = await to_thread.run_sync(first_model, path)
+        config = types.CreateEmbeddingsBatchJobConfig(display_name=_display_name(marks))
+        what = f"create an embeddings batch from {upload}"
+
+        job = await self._call(
+            what,
+            lambda: self._aio().batches.create_embeddings(
+                model=model, src={"file_name": upload}, config=config
+            ),
+        )
+        if not job.name:
+            raise ApiError(f"{what}: the answer names no batch", status=200, transient=True)
         return str(job.name)
 
     # ------------------------------------------------------------------ cached contents
@@ -494,6 +526,17 @@ def _state(meta: dict[str, Any]) -> str:
     """The batch's ``JOB_STATE_*`` (the REST API says ``BATCH_STATE_*``: one name here)."""
     state = str(meta.get("state") or "").replace("BATCH_STATE_", "JOB_STATE_", 1)
     return state or "JOB_STATE_UNSPECIFIED"
+
+
+def _embeds(path: Path) -> bool:
+    """Whether a part file holds embedding requests (its first line's has ``content``)."""
+    with path.open("rb") as f:
+        first = f.readline()
+    try:
+        request = orjson.loads(first).get("request")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(request, dict) and "content" in request
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:

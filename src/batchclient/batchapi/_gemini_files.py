@@ -12,7 +12,7 @@ import orjson
 from .._core.decode import http_error
 from ..errors import ErrorCode
 from ._backend import error_line, json_lines, ok_line
-from ._gemini_translate import status_of, to_completion
+from ._gemini_translate import status_of, to_completion, to_embedding
 from ._parts import private_file
 
 __all__ = ["first_model", "inline_requests", "write_file", "write_inline"]
@@ -70,7 +70,10 @@ def normalised(key: str, response: Any, error: Any, model: str) -> bytes:
         return error_line(key, code.code, f"{status or http}: {message}", retryable=retryable)
     if not isinstance(response, dict):
         return error_line(key, ErrorCode.bad_upstream_response.value, "no response and no error")
-    return ok_line(key, lambda: to_completion(response, model.removeprefix("models/"), key))
+    name = model.removeprefix("models/")
+    if "embedding" in response:  # an EmbedContentResponse (an embeddings batch)
+        return ok_line(key, lambda: to_embedding(response, name))
+    return ok_line(key, lambda: to_completion(response, name, key))
 
 
 def write_inline(entries: list[Any], model: str, dest: Path) -> None:

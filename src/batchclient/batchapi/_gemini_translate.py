@@ -372,3 +372,54 @@ def status_of(error: dict[str, Any]) -> int:
     if isinstance(code, int) and code >= 100:
         return code
     return _GRPC_HTTP.get(code, 500) if isinstance(code, int) else 500
+
+
+# ---------------------------------------------------------------------- embeddings
+
+_EMBED_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+
+
+def embedding_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The ``EmbedContentRequest`` (REST JSON, ``model`` left to the caller) for an OpenAI
+    ``/v1/embeddings`` body of one text: ``input`` -> ``content.parts[0].text``,
+    ``dimensions`` -> ``outputDimensionality``; Gemini answers floats, made base64 where
+    ``encoding_format`` asks it when the row is stored (``_core.embeddings.as_requested``).
+
+    Raises:
+        Unsupported: token ids or several texts in one request (one text per request here),
+            an unknown ``encoding_format``, any other field.
+    """
+    for key in body:
+        if key not in _EMBED_FIELDS:
+            raise Unsupported(key, f"{key} is not supported by Gemini batch embeddings")
+    value = body.get("input")
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        raise Unsupported("input", "Gemini batch embeddings take one non-empty text per request")
+    if body.get("encoding_format") not in (None, "float", "base64"):
+        raise Unsupported("encoding_format", "encoding_format must be float or base64")
+    request: dict[str, Any] = {"content": {"parts": [{"text": value}]}}
+    if body.get("dimensions") is not None:
+        request["outputDimensionality"] = body["dimensions"]
+    return request
+
+
+def to_embedding(response: dict[str, Any], model: str) -> dict[str, Any]:
+    """The OpenAI ``/v1/embeddings`` answer (one ``embedding``) for an ``EmbedContentResponse``.
+
+    Raises:
+        ValueError: no list of numbers in ``embedding.values``.
+    """
+    embedding = response.get("embedding")
+    values = embedding.get("values") if isinstance(embedding, dict) else None
+    if not isinstance(values, list) or not values:
+        raise ValueError("the answer has no embedding values")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError("the embedding values are not all numbers")
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": [float(v) for v in values]}],
+        "model": model,
+        "usage": {"prompt_tokens": 0, "total_tokens": 0},  # Gemini reports none per request
+    }

@@ -13,6 +13,7 @@ import anyio
 from anyio import to_thread
 
 from .._core.client import BatchClient
+from .._core.embeddings import as_requested
 from .._core.ledger import Billing
 from .._core.provider import Provider
 from .._core.request import Request, Result, failed
@@ -212,7 +213,10 @@ class RemoteBatchProvider(Provider):
             path = Path(tmp, "request.jsonl")
             await anyio.Path(path).write_bytes(data)
             try:
-                return await self._one(path, endpoint, self.backend.wire_id(line))
+                result = await self._one(path, endpoint, self.backend.wire_id(line))
+                if request.endpoint is Endpoint.embeddings:
+                    result = as_requested(request.body, result)
+                return result
             except ApiError as exc:
                 unreached = exc.status is None
                 code = ErrorCode.endpoint_unavailable if unreached else ErrorCode.server_error

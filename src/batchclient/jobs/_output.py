@@ -28,7 +28,7 @@ import orjson
 
 from .._core.completions import to_completion_response
 from .._core.decode import to_response
-from .._core.embeddings import to_embedding_response
+from .._core.embeddings import as_requested, to_embedding_response
 from .._core.request import Request, Result, item_error
 from .._core.responses import answered, schemas, to_completion
 from .._core.usage import TokenCounts, token_counts
@@ -142,6 +142,8 @@ def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
     stored as the ``Response`` it stands for."""
     if request.endpoint is Endpoint.responses:
         result = answered(request, result)
+    elif request.endpoint is Endpoint.embeddings:
+        result = as_requested(request.body, result)
     response = _DECODE[request.endpoint](request, result)
     body = result.body
     usage = body.get("usage") if isinstance(body, dict) else None

@@ -4,6 +4,9 @@ The wire shapes the ``google-genai`` SDK sends and parses (``client.aio.batches`
 ``client.aio.files``), so the SDK pointed here with ``HttpOptions(base_url=stub.url)`` runs
 unchanged:
 
+- ``POST /v1beta/models/{model}:asyncBatchEmbedContent``: the same for ``EmbedContentRequest``
+  lines of an uploaded file, answered ``{"embedding": {"values": [...]}}`` (8 numbers: the
+  text's word count / 1,000, then numbers from its SHA-256).
 - ``POST /v1beta/models/{model}:batchGenerateContent`` with ``{"batch": {"displayName",
   "inputConfig": {"requests": {"requests": [{"request", "metadata": {"key"}}]}} or
   {"fileName": "files/..."}}}``: a long-running operation ``{"name": "batches/...",
@@ -30,6 +33,7 @@ creates whose answer is lost after the batch was made, and malformed answers.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import secrets
@@ -173,6 +177,7 @@ class GeminiBatchStub(LoopbackApp):
         r = app.router
         v = "/{version:v1|v1beta}"  # the SDK's default API version, or the one it was given
         r.add_post(v + "/models/{model:[^/:]+}:batchGenerateContent", self._create)
+        r.add_post(v + "/models/{model:[^/:]+}:asyncBatchEmbedContent", self._create)
         r.add_get(v + "/batches", self._list)
         r.add_get(v + "/batches/{id:[^/:]+}", self._get)
         r.add_post(v + "/batches/{id:[^/:]+}:cancel", self._cancel)
@@ -256,7 +261,8 @@ class GeminiBatchStub(LoopbackApp):
             items = [((e.get("metadata") or {}).get("key", str(i)), e["request"])
                      for i, e in enumerate(entries)]  # fmt: skip
         else:
-            path = self._files.get(str(source.get("fileName", "")).removeprefix("files/"))
+            name = source.get("fileName") or source.get("file_name") or ""  # the SDK sends either
+            path = self._files.get(str(name).removeprefix("files/"))
             if path is None:
                 return _error(400, "inputConfig names no uploaded file", "INVALID_ARGUMENT")
             lines = [json.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
@@ -414,7 +420,7 @@ class GeminiBatchStub(LoopbackApp):
                 bad += 1
                 continue
             req, cached = read
-            text = _text(req)
+            text = _text(req) or _text({"contents": [req.get("content") or {}]})
             if self.refuse_match and self.refuse_match in text:
                 error = {"code": 3, "message": "refused by the stub", "status": "INVALID_ARGUMENT"}
                 results.append({"key": key, "error": error})
@@ -453,6 +459,8 @@ class GeminiBatchStub(LoopbackApp):
         batch.op.update(done=True, response={"@type": _TYPE + "Output", **output})
 
     def _answer(self, request: dict[str, Any], model: str) -> Any:
+        if "content" in request:  # an EmbedContentRequest
+            return {"embedding": {"values": _vector(_text({"contents": [request["content"]]}))}}
         answer: Any = _answer(request, model)
         kind = next((k for m, k in self.malformed.items() if m in _text(request)), None)
         if kind == "response":
@@ -487,6 +495,13 @@ def _text(request: dict[str, Any]) -> str:
         for content in request.get("contents") or []
         for part in content.get("parts") or []
     )
+
+
+def _vector(text: str, size: int = 8) -> list[float]:
+    """A deterministic embedding of ``text``: its word count / 1,000 (capped at 1: an answer
+    can be told from another's), then numbers from its SHA-256."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [min(1.0, len(text.split()) / 1000)] + [round(b / 255, 4) for b in digest[: size - 1]]
 
 
 def _system_text(request: dict[str, Any]) -> str:
