@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 from openai.types.responses import Response
 
-from batchclient import AnthropicBatchInference
+from batchclient import AnthropicBatchInference, RemoteBatchInference
 from batchclient.cli import main
 from batchclient.remote import RetryPolicy
 from batchclient.server import create_app
-from batchclient.testing import AnthropicBatchStub, AppServer, StubServer
-from jobs_util import read_jsonl
+from batchclient.testing import AnthropicBatchStub, AppServer, StubReply, StubServer
+from batchclient.testing._stub_answers import responses_body
+from jobs_util import jsonl, read_jsonl
 from responses_util import answers, expected, responses_lines
 from server_util import KEY_A, sdk, served, wait_batch
 
@@ -104,3 +106,29 @@ def test_a_responses_file_on_anthropic_batch_from_the_shell(
         systems = [p.get("system") for p in upstream.seen_params]
     assert answers(read_jsonl(out)) == expected()
     assert systems.count("Answer in one word.") == 4  # the lines with instructions
+
+
+def verbatim(body: dict[str, Any], attempt: int) -> StubReply:
+    """A server that answers each Responses request with its input, as it came."""
+    answer = responses_body(body)
+    answer["output"][0]["content"][0]["text"] = body["input"]
+    return StubReply(body=answer)
+
+
+async def test_a_responses_line_s_json_schema_is_checked(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}}
+    lines = [
+        {"custom_id": f"j{i}", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "smollm2", "input": text, "text": fmt}}
+        for i, text in enumerate(['{"n": 3}', '{"n": "three"}', "not json"])
+    ]  # fmt: skip
+    with StubServer(handler=verbatim) as upstream:
+        async with RemoteBatchInference(upstream.url, state_dir=tmp_path) as client:
+            record = await client.files.create(jsonl([json.dumps(x) for x in lines]))
+            batch = await client.batches.create(record.id, endpoint="/v1/responses")
+            batch = await client.batches.wait(batch.id)
+            result = await client.job_result(batch.id)
+    codes = [item.error.code if item.error else None for item in result.batch]
+    assert codes == [None, "invalid_structured_output", "invalid_structured_output"]
+    assert result.batch[0].text == '{"n": 3}'
