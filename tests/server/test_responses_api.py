@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from batchclient import AnthropicBatchInference, RemoteBatchInference
+from batchclient import AnthropicBatchInference, ChatCompletionResponse, RemoteBatchInference
 from batchclient.cli import main
 from batchclient.remote import RetryPolicy
 from batchclient.server import create_app
@@ -131,4 +131,5 @@ async def test_a_responses_line_s_json_schema_is_checked(tmp_path: Path) -> None
             result = await client.job_result(batch.id)
     codes = [item.error.code if item.error else None for item in result.batch]
     assert codes == [None, "invalid_structured_output", "invalid_structured_output"]
-    assert result.batch[0].text == '{"n": 3}'
+    first = result.batch[0]
+    assert isinstance(first, ChatCompletionResponse) and first.text == '{"n": 3}'
