@@ -100,30 +100,9 @@ def request_for(
     against (``response_format.json_schema.schema``, or a Responses request's
     ``text.format.schema``; each tool's ``parameters``)."""
     if endpoint is Endpoint.responses:
-        schema, by_name = schemas(body)
-        return Request(
-            index=seq,
-            body=body,
-            endpoint=endpoint,
-            custom_id=custom_id,
-            response_schema=schema,
-            tool_schemas=by_name or None,
-        )
-    schema = None
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        inner = fmt.get("json_schema")
-        if isinstance(inner, dict) and isinstance(inner.get("schema"), dict):
-            schema = inner["schema"]
-    tool_schemas = None
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        tool_schemas = {}
-        for tool in tools:
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-                params = fn.get("parameters")
-                tool_schemas[fn["name"]] = params if isinstance(params, dict) else {}
+        schema, tool_schemas = schemas(body)
+    else:
+        schema, tool_schemas = _chat_schemas(body)
     return Request(
         index=seq,
         body=body,
@@ -132,6 +111,23 @@ def request_for(
         response_schema=schema,
         tool_schemas=tool_schemas or None,
     )
+
+
+def _chat_schemas(body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    schema = None
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        inner = fmt.get("json_schema")
+        if isinstance(inner, dict) and isinstance(inner.get("schema"), dict):
+            schema = inner["schema"]
+    tool_schemas: dict[str, Any] = {}
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            tool_schemas[fn["name"]] = params if isinstance(params, dict) else {}
+    return schema, tool_schemas
 
 
 def row_for(job_id: str, request: Request, result: Result) -> ResultRow:
