@@ -356,7 +356,9 @@ def float32_url(request: pytest.FixtureRequest) -> str:
 def own_float32_url() -> Iterator[str]:
     """The float32 server on a machine whose session server runs bfloat16."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    with vllm_server(max_model_len=2048, dtype="float32", env=env) as url:
+    # it starts in the middle of the session, next to the session's servers and engines (and
+    # Ray's): on 2 busy cores that has taken over 180 s, the default wait
+    with vllm_server(max_model_len=2048, dtype="float32", env=env, startup_timeout_s=600) as url:
         yield url
 
 

@@ -144,10 +144,11 @@ async def test_a_refused_create_sends_the_requests_as_they_were(tmp_path: Path) 
 async def test_a_long_batch_renews_its_cached_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renew: bool
 ) -> None:
-    # cached contents live 0.3 s here; the batch takes about 1.2 s
-    monkeypatch.setattr(_gemini_cache, "RENEW_AFTER_S", 0.1 if renew else 3600.0)
-    monkeypatch.setattr("batchclient.batchapi._gemini.RENEW_AFTER_S", 0.1 if renew else 3600.0)
-    with GeminiBatchStub(api_key=KEY, item_delay_s=0.1, cache_max_ttl_s=0.3) as stub:
+    # cached contents live 1 s here (renewed every 0.2 s: slack for a busy machine); the
+    # batch takes about 3 s
+    monkeypatch.setattr(_gemini_cache, "RENEW_AFTER_S", 0.2 if renew else 3600.0)
+    monkeypatch.setattr("batchclient.batchapi._gemini.RENEW_AFTER_S", 0.2 if renew else 3600.0)
+    with GeminiBatchStub(api_key=KEY, item_delay_s=0.25, cache_max_ttl_s=1.0) as stub:
         async with client(stub, tmp_path, prompt_caching=True, max_attempts=1) as c:
             result = await c.batch_chat_completion(MODEL, [few_shot(i) for i in range(12)])
         renewals = stub.stats.cache_renewals

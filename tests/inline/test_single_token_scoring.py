@@ -110,7 +110,14 @@ async def test_mixed_continuations_keep_input_order(engine: VLLMBatchInference) 
     lengths = [r.num_tokens for r in fast]
     assert 1 in lengths and max(lengths) > 1
     assert lengths == [r.num_tokens for r in slow]
-    assert [r.logprob for r in fast] == [r.logprob for r in slow]
+    # one-token choices are the same computation both ways: equal; a longer one is scored by
+    # teacher-forced steps over the cached context, equal within 1e-4 (the CPU's kernels may
+    # round a cached block's attention differently: 3e-6 seen on an AVX2-only machine)
+    for got, want in zip(fast, slow, strict=True):
+        if got.num_tokens == 1:
+            assert got.logprob == want.logprob
+        else:
+            assert abs(got.logprob - want.logprob) <= 1e-4, (got, want)
     assert [r.is_greedy for r in fast] == [r.is_greedy for r in slow]
     assert len({r.logprob for r in fast}) == len(pairs)  # each its own score, in its place
 
