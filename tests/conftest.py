@@ -343,16 +343,18 @@ async def own_float32_client() -> AsyncIterator[VLLMBatchInference]:
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def float32_url(request: pytest.FixtureRequest) -> str:
     """Base URL of a real vLLM server that computes in float32 (see ``float32_client``): the
-    session's server where it runs float32 already (one it started), else one of its own."""
+    session's server where it runs float32 already (one it started), else one of its own for
+    the module (stopped after it: the engines and Ray replicas started later need the
+    memory)."""
     shared = computes_in_float32() and not os.environ.get("BATCHCLIENT_TEST_BASE_URL")
     url: str = request.getfixturevalue("vllm_url" if shared else "own_float32_url")
     return url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def own_float32_url() -> Iterator[str]:
     """The float32 server on a machine whose session server runs bfloat16."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
