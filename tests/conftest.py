@@ -320,7 +320,7 @@ def computes_in_float32() -> bool:
     return defaults.choose_dtype(cpu=defaults.vllm_on_cpu()).value == "float32"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def float32_client(request: pytest.FixtureRequest) -> VLLMBatchInference:
     """An open engine on the bundled model that computes in float32 (in bfloat16 a score's last
     bits move with how the engine batched it, so two ways of scoring cannot be compared
@@ -331,9 +331,11 @@ def float32_client(request: pytest.FixtureRequest) -> VLLMBatchInference:
     return client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def own_float32_client() -> AsyncIterator[VLLMBatchInference]:
-    """The float32 engine on a machine whose session engine runs bfloat16 (512 MiB KV cache)."""
+    """The float32 engine on a machine whose session engine runs bfloat16 (512 MiB KV cache),
+    for one module: kept for the session, it left too little memory for the Ray replicas and
+    servers started after it on a 24 GiB machine."""
     async with VLLMBatchInference(
         max_model_len=2048,
         dtype="float32",
