@@ -346,10 +346,17 @@ def test_a_receiver_slow_to_answer_one_event_does_not_hold_the_next(
         wait_sync(lambda: len(receiver.deliveries) == 1, timeout=20)
         end_one_batch(url)
         wait_sync(lambda: len(receiver.deliveries) == 2, timeout=8)
-        with sqlite3.connect(state / "batchclient.sqlite3") as conn:
-            rows = conn.execute("SELECT delivered_at IS NOT NULL FROM webhook_events").fetchall()
+
+        def delivered() -> list[Any]:
+            # the answer is recorded a moment after the receiver has the request
+            with sqlite3.connect(state / "batchclient.sqlite3") as conn:
+                query = "SELECT delivered_at IS NOT NULL FROM webhook_events"
+                return sorted(conn.execute(query).fetchall())
+
+        wait_sync(lambda: delivered() == [(0,), (1,)], timeout=8)
+        rows = delivered()
         receiver.release.set()
-    assert sorted(rows) == [(0,), (1,)]
+    assert rows == [(0,), (1,)]
 
 
 async def test_a_resumed_batch_sends_the_event_of_each_state_it_ends_in(
