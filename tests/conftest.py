@@ -22,6 +22,7 @@ import pytest
 from batchclient import RayBatchInference, VLLMBatchInference
 from batchclient.testing import StubServer, vllm_server
 from capability_matrix import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
+from postgres_util import pg_url, postgres_server  # noqa: F401
 from providers import Provider, inline_provider, remote_provider
 from session_servers import SessionServers, publish_users, shared_url
 

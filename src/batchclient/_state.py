@@ -1,4 +1,4 @@
-"""SQLite for the whole library: opening a database with its rules, and schema migrations.
+"""The library's databases: SQLite files by default, or one shared PostgreSQL; schema migrations.
 
 Every durable table of batchclient lives in a database opened here: the jobs' files, jobs and
 results (:mod:`batchclient.jobs`), the remote Batch API's parts and calls
@@ -7,12 +7,26 @@ lm-eval model) and the server's webhook outbox (:mod:`batchclient.server._webhoo
 state directory's ``batchclient.sqlite3``, and the server's idempotency keys in each tenant's
 ``server.sqlite3``.
 
-Rules of :class:`Database`: the parent directory and any missing folder above it are created
-``0700`` (one that exists keeps its mode), the file is created ``0600`` before SQLite opens it
-(SQLite gives its ``-wal`` and ``-shm`` files the database's mode), WAL with
+Rules of a SQLite :class:`Database`: the parent directory and any missing folder above it are
+created ``0700`` (one that exists keeps its mode), the file is created ``0600`` before SQLite
+opens it (SQLite gives its ``-wal`` and ``-shm`` files the database's mode), WAL with
 ``synchronous=NORMAL`` (a commit survives the death of the process, not a power cut), a
 30-second busy timeout (other processes read and write the same file), and autocommit: writes
 go through :meth:`Database.transaction` (``BEGIN IMMEDIATE`` .. ``COMMIT``).
+
+PostgreSQL: a state directory bound to a ``postgresql://`` URL (:func:`bind`, done by a job
+manager or server given ``database=``) keeps every database file under it in one PostgreSQL
+schema instead (``batchclient`` by default; a tenant of the server gets its own), so that
+processes on any hosts share them. The stores write one SQL for both: the common subset
+(``INSERT .. ON CONFLICT``, row values, partial indexes), with ``?`` placeholders; the
+:class:`_PgConnection` rewrites the few SQLite spellings left (``?``, ``INSERT OR IGNORE``,
+``INDEXED BY``, ``IS ?``, ``json_extract``, and in DDL the types, ``WITHOUT ROWID`` and the
+implicit ``rowid``, made an explicit ``BIGSERIAL`` column). Transactions keep SQLite's meaning:
+each write transaction first takes a transaction-level advisory lock of its schema
+(``pg_advisory_xact_lock``), so writers of one schema run one at a time, as ``BEGIN IMMEDIATE``
+makes them on a SQLite file, and every read-then-write the stores do stays correct with no
+change; readers never wait. A migration holds the same lock, so it runs once, in whichever
+process starts first. Store code that must differ (triggers) asks :attr:`Connection.dialect`.
 
 Migrations: each store describes its tables as a :class:`Schema`, a name and numbered
 :class:`Migration` steps. :meth:`Database.migrate` applies the steps above the version recorded
@@ -27,36 +41,88 @@ schema does not accept.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
+import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from .errors import BatchClientError
+from .errors import BatchClientError, ConfigurationError
 
 __all__ = [
+    "DB_ERRORS",
+    "STORAGE_ERRORS",
+    "Connection",
     "Database",
     "Migration",
     "Schema",
     "StateVersionError",
     "add_columns",
+    "bind",
+    "bound",
+    "exists",
     "record",
     "touch_private",
 ]
 
 BUSY_TIMEOUT_S = 30.0
 """How long a statement waits for another connection's write lock before failing."""
+DATABASE_ENV = "BATCHCLIENT_DATABASE_URL"
+"""The environment variable read where no ``database=`` is given."""
+DEFAULT_SCHEMA = "batchclient"
+"""The PostgreSQL schema of a state directory bound without one."""
 
 _VERSIONS = (
     "CREATE TABLE IF NOT EXISTS schema_versions("
     "name TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID"
 )
 
-Step = Callable[[sqlite3.Connection], None]
+Dialect = Literal["sqlite", "postgresql"]
 R = TypeVar("R")
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """What a store's SQL runs on: a SQLite connection or :class:`_PgConnection`. Rows read
+    both by column name and by index."""
+
+    dialect: Dialect
+
+    def execute(self, sql: str, args: Sequence[Any] = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, args: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+Step = Callable[[Any], None]  # given a Connection
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, psycopg.Error)
+
+
+DB_ERRORS = _errors()
+"""The exceptions a database may raise (SQLite's, and PostgreSQL's where ``psycopg`` is
+installed): what the stores catch where a failing database must not stop the work."""
+STORAGE_ERRORS: tuple[type[Exception], ...] = (OSError, *DB_ERRORS)
+""":data:`DB_ERRORS` and ``OSError`` (a full disk, a state directory removed)."""
 
 
 class StateVersionError(BatchClientError, RuntimeError):
@@ -66,7 +132,7 @@ class StateVersionError(BatchClientError, RuntimeError):
 @dataclass(frozen=True)
 class Migration:
     """Step ``version`` of a schema: SQL statements separated by ``;`` (no ``;`` inside
-    them), or a function given the connection (inside the migration's transaction)."""
+    them), or a function given the :class:`Connection` (inside the migration's transaction)."""
 
     version: int
     apply: str | Step
@@ -94,7 +160,11 @@ def add_columns(table: str, *columns: str) -> Step:
     """A step adding ``columns`` (``"name TYPE ..."``) to ``table`` where they are missing (a
     database from before versions were recorded may have them already)."""
 
-    def step(db: sqlite3.Connection) -> None:
+    def step(db: Connection) -> None:
+        if db.dialect == "postgresql":
+            for column in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
+            return
         have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         for column in columns:
             if column.split()[0] not in have:
@@ -127,40 +197,269 @@ def touch_private(path: Path) -> None:
     os.chmod(path, 0o600)  # a file that already existed keeps its mode otherwise
 
 
-def record(cls: type[R], row: sqlite3.Row) -> R:
+def record(cls: type[R], row: Any) -> R:
     """The dataclass ``cls`` from a row holding (at least) a column per field."""
     return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
 
 
+# ---------------------------------------------------------------------- where a database lives
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A PostgreSQL database (``url``) and the schema a state directory's tables live in."""
+
+    url: str
+    schema: str = DEFAULT_SCHEMA
+
+
+_BOUND: dict[Path, Shared] = {}
+_BOUND_LOCK = threading.Lock()
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def database_url(database: str | None) -> str | None:
+    """``database`` if given, else ``$BATCHCLIENT_DATABASE_URL`` (None: SQLite files). Raises
+    ``ConfigurationError`` for a URL that is not ``postgresql://`` (or ``postgres://``)."""
+    url = database if database is not None else os.environ.get(DATABASE_ENV) or None
+    if url is None:
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigurationError(
+            "database must be a postgresql:// URL (without one, state is kept in SQLite files "
+            "in the state directory)"
+        )
+    return url
+
+
+def bind(state_dir: Path, url: str, schema: str | None = None) -> Shared:
+    """Keep the databases of ``state_dir`` in PostgreSQL at ``url``, in ``schema`` (a lowercase
+    SQL name; default: the one it is bound to already, else ``batchclient``). Binding a folder
+    again to the same URL keeps its schema unless one is given. Returns the binding."""
+    if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigurationError(f"not a schema name: {schema!r} (lowercase letters, digits, _)")
+    key = state_dir.expanduser().resolve()
+    with _BOUND_LOCK:
+        have = _BOUND.get(key)
+        if schema is None:
+            schema = have.schema if have is not None and have.url == url else DEFAULT_SCHEMA
+        shared = _BOUND[key] = Shared(url, schema)
+    return shared
+
+
+def bound(state_dir: Path) -> Shared | None:
+    """The PostgreSQL database ``state_dir`` is bound to, or None (SQLite files)."""
+    return _BOUND.get(state_dir.expanduser().resolve())
+
+
+def exists(path: Path) -> bool:
+    """Whether the database at ``path`` may hold tables already: its file exists, or its
+    folder is bound to PostgreSQL."""
+    return path.exists() or bound(path.parent) is not None
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+
+@functools.lru_cache(maxsize=1024)
+def _translate(sql: str, has_args: bool) -> str:
+    """A statement of the stores' SQL as PostgreSQL runs it (see the module docstring)."""
+    head = sql.lstrip()[:24].upper()
+    if head.startswith(("CREATE TABLE", "ALTER TABLE")):
+        sql = re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
+        sql = re.sub(r"\bBLOB\b", "BYTEA", sql)
+        sql = re.sub(r"\bINTEGER\b", "BIGINT", sql)
+        if head.startswith("CREATE TABLE"):
+            if "WITHOUT ROWID" in sql:
+                sql = sql.replace("WITHOUT ROWID", "")
+            else:  # SQLite's implicit rowid (insertion order), explicit here
+                sql = sql[: sql.rindex(")")] + ", rowid BIGSERIAL)" + sql[sql.rindex(")") + 1 :]
+    if "INSERT OR IGNORE" in sql:
+        sql = sql.replace("INSERT OR IGNORE", "INSERT") + " ON CONFLICT DO NOTHING"
+    sql = re.sub(r"\s+INDEXED BY \w+", "", sql)
+    sql = re.sub(r"json_extract\((\w+), '\$\.(\w+)'\)", r"(\1::jsonb ->> '\2')", sql)
+    if has_args:
+        sql = sql.replace("%", "%%").replace(" IS ?", " IS NOT DISTINCT FROM ?")
+        sql = sql.replace("?", "%s")
+    return sql
+
+
+def _advisory_key(schema: str) -> int:
+    """A signed 64-bit key naming ``schema``'s write lock."""
+    digest = hashlib.sha256(f"batchclient:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> type[tuple[Any, ...]]:
+    index = {name: i for i, name in enumerate(names)}
+
+    class Row(tuple):  # type: ignore[type-arg]
+        """A row read by column name or by index, like ``sqlite3.Row``."""
+
+        __slots__ = ()
+
+        def __getitem__(self, key: Any) -> Any:
+            if isinstance(key, str):
+                return tuple.__getitem__(self, index[key])
+            return tuple.__getitem__(self, key)
+
+        def keys(self) -> list[str]:
+            return list(names)
+
+    return Row
+
+
+class _PgConnection:
+    """One ``psycopg`` connection (autocommit, ``search_path`` = the schema) speaking the
+    stores' SQL. Reconnects on the next use after the connection broke (a database restart);
+    the statement that found it broken fails."""
+
+    dialect: Dialect = "postgresql"
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.lock_key = _advisory_key(shared.schema)
+        self._conn: Any = None
+        self._connect()
+
+    def _connect(self) -> None:
+        try:
+            import psycopg
+            from psycopg.adapt import Dumper, Loader
+        except ImportError as exc:  # pragma: no cover - an install without the extra
+            raise ConfigurationError(
+                "a postgresql:// database needs psycopg: pip install 'batchclient[postgres]'"
+            ) from exc
+
+        class _BoolAsInt(Dumper):  # SQLite has no booleans: the stores write 0 and 1
+            oid = psycopg.postgres.types["int8"].oid
+
+            def dump(self, obj: Any) -> bytes:
+                return b"1" if obj else b"0"
+
+        class _Number(Loader):  # sum() is numeric: give ints and floats, as SQLite does
+            def load(self, data: Any) -> Any:
+                text = bytes(data)
+                return int(text) if text.lstrip(b"-").isdigit() else float(text)
+
+        def rows(cursor: Any) -> Callable[[Sequence[Any]], Any]:
+            cls = _row_class(tuple(c.name for c in cursor.description or ()))
+            return cls
+
+        conn = psycopg.connect(self.shared.url, autocommit=True, row_factory=rows)
+        conn.adapters.register_dumper(bool, _BoolAsInt)
+        conn.adapters.register_loader("numeric", _Number)
+        schema = self.shared.schema
+        try:
+            # CREATE SCHEMA IF NOT EXISTS races with itself in other processes: under the lock
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            conn.execute(f'SET search_path TO "{schema}"')
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _live(self) -> Any:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+            self._conn = None
+            self._connect()
+        return self._conn
+
+    @property
+    def in_transaction(self) -> bool:
+        import psycopg
+
+        conn = self._conn
+        return (
+            conn is not None
+            and not conn.closed
+            and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        )
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Any:
+        args = tuple(args)
+        return self._live().execute(_translate(sql, bool(args)), args or None)
+
+    def executemany(self, sql: str, args: Iterable[Sequence[Any]], /) -> Any:
+        cursor = self._live().cursor()
+        cursor.executemany(_translate(sql, True), [tuple(a) for a in args])
+        return cursor
+
+    def begin(self) -> None:
+        conn = self._live()
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+class _SqliteConnection(sqlite3.Connection):
+    dialect: Dialect = "sqlite"
+
+
 class Database:
-    """One connection to ``path``, opened with the library's rules (module docstring) and
-    migrated to ``schemas``. Thread-safe: every use holds :attr:`lock` (reentrant, so a store
-    may hold it across several calls). Blocking: call it through ``anyio.to_thread`` from async
-    code, except reads by primary key, which are short."""
+    """One connection to the database at ``path`` (a SQLite file, or the PostgreSQL schema its
+    folder is bound to: module docstring), migrated to ``schemas``. Thread-safe: every use holds
+    :attr:`lock` (reentrant, so a store may hold it across several calls). Blocking: call it
+    through ``anyio.to_thread`` from async code, except reads by primary key, which are
+    short."""
 
     def __init__(self, path: Path, schemas: Iterable[Schema] = ()) -> None:
         self.path = path
-        touch_private(path)  # before SQLite creates it with the umask's mode
+        self.shared = bound(path.parent)
         self.lock = threading.RLock()
-        self.conn = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
-        )
-        self.conn.row_factory = sqlite3.Row
+        self.conn: Any
+        if self.shared is not None:
+            self.conn = _PgConnection(self.shared)
+        else:
+            touch_private(path)  # before SQLite creates it with the umask's mode
+            self.conn = sqlite3.connect(
+                path,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=BUSY_TIMEOUT_S,
+                factory=_SqliteConnection,
+            )
+            self.conn.row_factory = sqlite3.Row
         self._migrated: set[str] = set()
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
+            if self.shared is None:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
             for schema in schemas:
                 self.migrate(schema)
         except BaseException:
             self.conn.close()
             raise
 
+    @property
+    def dialect(self) -> Dialect:
+        return "sqlite" if self.shared is None else "postgresql"
+
+    @property
+    def name(self) -> str:
+        """Where the database is, for messages (a PostgreSQL URL without its password)."""
+        if self.shared is None:
+            return str(self.path)
+        return f"{_without_password(self.shared.url)} (schema {self.shared.schema})"
+
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` .. ``COMMIT`` (``ROLLBACK`` on error), holding the lock."""
+    def transaction(self) -> Iterator[Any]:
+        """One write transaction (``ROLLBACK`` on error), holding the lock: SQLite's
+        ``BEGIN IMMEDIATE``, or PostgreSQL's ``BEGIN`` and the schema's write lock."""
         with self.lock:
-            self.conn.execute("BEGIN IMMEDIATE")
+            if isinstance(self.conn, _PgConnection):
+                self.conn.begin()
+            else:
+                self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
             except BaseException:
@@ -168,21 +467,20 @@ class Database:
                 raise
             try:
                 self.conn.execute("COMMIT")
-            except sqlite3.Error:  # e.g. a full disk: leave no transaction open behind us
+            except DB_ERRORS:  # e.g. a full disk: leave no transaction open behind us
                 self._rollback()
                 raise
 
     def _rollback(self) -> None:
         if self.conn.in_transaction:  # SQLite may have rolled back already (a full disk)
-            with contextlib.suppress(sqlite3.Error):  # keep the error that got us here
+            with contextlib.suppress(*DB_ERRORS):  # keep the error that got us here
                 self.conn.execute("ROLLBACK")
 
-    def one(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Row | None:
+    def one(self, sql: str, args: Iterable[Any] = ()) -> Any:
         with self.lock:
-            row: sqlite3.Row | None = self.conn.execute(sql, tuple(args)).fetchone()
-            return row
+            return self.conn.execute(sql, tuple(args)).fetchone()
 
-    def all(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+    def all(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
         with self.lock:
             return list(self.conn.execute(sql, tuple(args)).fetchall())
 
@@ -190,6 +488,10 @@ class Database:
         """Run one statement in its own transaction; the number of rows it changed."""
         with self.transaction() as db:
             return int(db.execute(sql, tuple(args)).rowcount)
+
+    def ping(self) -> None:
+        """Raise unless the database answers (a broken PostgreSQL connection reconnects)."""
+        self.one("SELECT 1")
 
     def migrate(self, schema: Schema) -> None:
         """Bring ``schema``'s tables to its newest version (once per connection; see the
@@ -205,7 +507,7 @@ class Database:
             have = self._version(schema)  # again: another process may have migrated meanwhile
             if have > schema.version:
                 raise StateVersionError(
-                    f"{self.path}: the {schema.name} tables are at version {have}, newer than "
+                    f"{self.name}: the {schema.name} tables are at version {have}, newer than "
                     f"this batchclient's {schema.version}: use a newer batchclient"
                 )
             for migration in schema.migrations[have:]:
@@ -217,12 +519,18 @@ class Database:
                     migration.apply(db)
             if have < schema.version:
                 db.execute(
-                    "INSERT OR REPLACE INTO schema_versions VALUES (?, ?)",
+                    "INSERT INTO schema_versions (name, version) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET version = excluded.version",
                     (schema.name, schema.version),
                 )
         self._migrated.add(schema.name)
 
     def _version(self, schema: Schema) -> int:
+        if isinstance(self.conn, _PgConnection):
+            # a missing table would abort the transaction around us: ask first
+            row = self.conn.execute("SELECT to_regclass('schema_versions') IS NOT NULL").fetchone()
+            if not row[0]:
+                return 0
         try:
             row = self.conn.execute(
                 "SELECT version FROM schema_versions WHERE name = ?", (schema.name,)
@@ -234,3 +542,7 @@ class Database:
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)

@@ -93,6 +93,11 @@ class BatchClient:
         execution: how calls and batches run (:class:`~batchclient.Execution`): live through
             ``provider.execute`` (None, the default), or as remote batches of a provider's
             Batch API (``batchclient.batchapi.RemoteBatchExecution``).
+        database: a ``postgresql://`` URL where files, batches and results are kept instead of
+            ``state_dir``'s SQLite file (default ``$BATCHCLIENT_DATABASE_URL``, else none), so
+            that a batch started on one machine can be read or resumed on another;
+            ``state_dir`` then only caches files. Needs ``pip install 'batchclient[postgres]'``
+            (guide: ``docs/server.md``, "Many processes").
     """
 
     def __init__(
@@ -102,8 +107,12 @@ class BatchClient:
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
         execution: Execution | None = None,
+        database: str | None = None,
     ) -> None:
         self.provider = provider
+        self.database = database
+        """The PostgreSQL URL given (see ``database`` above); None: the environment's, or
+        SQLite."""
         self.cache = cache
         """The client's result-cache switch (see ``cache`` above)."""
         self.execution = execution if execution is not None else Execution()
@@ -140,6 +149,7 @@ class BatchClient:
                 provider=self.provider,
                 cache=self.cache,
                 runner=self.execution.job_runner(),
+                database=self.database,
             )
             await manager.__aenter__()  # resumes batches left unfinished in the state directory
         except BaseException:

@@ -14,7 +14,6 @@ Everything here is blocking (run it through ``anyio.to_thread``) and streams.
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import orjson
 
 from .._core.decode import classify_http
 from .._core.request import Result, failed
-from .._state import Database, Migration, Schema, add_columns, record
+from .._state import Connection, Database, Migration, Schema, add_columns, record
 from ..errors import ErrorCode
 from ..jobs._output import request_for, row_for
 from ..jobs._store import ResultRow, Store
@@ -68,7 +67,7 @@ class RemoteCall:
     delivered: bool
 
 
-def _sent_at(db: sqlite3.Connection) -> None:
+def _sent_at(db: Connection) -> None:
     """``sent_at``; parts caught between upload and create keep their meaning: an OpenAI part
     ``uploaded`` may have had its create sent (look first), and the other backends kept the
     time in ``input_file_id`` as ``create@<unix time>``."""
@@ -141,7 +140,9 @@ class RemoteIds:
 
     def set_call(self, call_key: str, job_id: str, *, delivered: bool = False) -> None:
         self._db().write(
-            "INSERT OR REPLACE INTO remote_calls VALUES (?, ?, ?)",
+            "INSERT INTO remote_calls (call_key, job_id, delivered) VALUES (?, ?, ?) "
+            "ON CONFLICT (call_key) DO UPDATE SET job_id = excluded.job_id, "
+            "delivered = excluded.delivered",
             (call_key, job_id, int(delivered)),
         )
 

@@ -15,7 +15,6 @@ event loop.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from .._state import Database, Migration, Schema
+from .._state import DB_ERRORS, Database, Migration, Schema
 
 __all__ = ["CacheStats", "CachedAnswer", "ModelCacheStats", "ResultCache"]
 
@@ -108,7 +107,7 @@ class ResultCache:
                     row = self._db.execute(
                         "SELECT status_code, body FROM result_cache WHERE key = ?", (key,)
                     ).fetchone()
-                except sqlite3.Error as exc:
+                except DB_ERRORS as exc:
                     log.warning("result cache read failed (%s); treated as a miss", exc)
                     return None
             if row is None:
@@ -145,7 +144,7 @@ class ResultCache:
                         chunk,
                     ).fetchall()
                     found.update((str(r[0]), (int(r[1]), r[2])) for r in rows)
-            except sqlite3.Error as exc:
+            except DB_ERRORS as exc:
                 log.warning("result cache read failed (%s); treated as misses", exc)
                 return {}
             if count_hit and found:
@@ -179,15 +178,18 @@ class ResultCache:
         try:
             with self._state.transaction() as db:
                 db.executemany(
-                    "INSERT OR REPLACE INTO result_cache(key, endpoint, model, status_code, "
-                    "body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO result_cache(key, endpoint, model, status_code, body, "
+                    "created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                    "endpoint = excluded.endpoint, model = excluded.model, "
+                    "status_code = excluded.status_code, body = excluded.body, "
+                    "created_at = excluded.created_at",
                     [(k, *v) for k, v in puts.items()],
                 )
                 db.executemany(
                     "UPDATE result_cache SET hits = hits + ?, hit_at = ? WHERE key = ?",
                     [(n, now, k) for k, n in hits.items()],
                 )
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             log.warning(
                 "result cache: %d new entries and %d hit counts not written to %s: %s",
                 len(puts),

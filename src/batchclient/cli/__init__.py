@@ -33,6 +33,7 @@ a description or a flag's help (literals, roles) is shown without it (:func:`pla
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .._engine_defaults import quick_engine_stops
+from .._state import DATABASE_ENV
 from .._version import __version__
 from ..errors import BatchClientError, ConfigurationError
 from ..jobs._store import default_state_dir
@@ -233,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,  # so `jobs --state-dir X list` is not reset by `list`
         help=f"where files, jobs and results are kept (default: {default_state_dir()})",
     )
+    common.add_argument(
+        "--database",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="a postgresql:// URL holding files, jobs and results instead of the state "
+        f"directory's SQLite file, shared by processes on any host (default: ${DATABASE_ENV})",
+    )
     parser: argparse.ArgumentParser = _Parser(prog="batchclient", description=DESCRIPTION)
     parser.add_argument(
         "--version",
@@ -262,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.func
+    if getattr(args, "database", None):
+        # every client and job manager the command makes reads it (the flag is the variable)
+        os.environ[DATABASE_ENV] = args.database
     try:
         # SIGTERM stops a command as Ctrl-C does; engines get a short grace (the process
         # exits right after, and its resource tracker cleans what a killed engine leaves)

@@ -7,6 +7,7 @@ import datetime as dt
 
 import anyio
 
+from .._state import exists
 from ..cache import CacheStats
 from ..errors import ConfigurationError
 from ..jobs import JobManager
@@ -37,7 +38,7 @@ def _manager(args: argparse.Namespace) -> JobManager:
 def _stats(args: argparse.Namespace) -> int:
     async def go() -> CacheStats | None:
         async with _manager(args) as m:
-            if not (m.state_dir / "batchclient.sqlite3").exists():
+            if not exists(m.state_dir / "batchclient.sqlite3"):
                 return None
             cache = await m.result_cache()
             return await anyio.to_thread.run_sync(cache.stats)
@@ -67,7 +68,7 @@ def _clear(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with _manager(args) as m:
-            if not (m.state_dir / "batchclient.sqlite3").exists():
+            if not exists(m.state_dir / "batchclient.sqlite3"):
                 return 0
             cache = await m.result_cache()
             return await anyio.to_thread.run_sync(

@@ -48,6 +48,7 @@ from .. import _registry as registry
 from .._core.client import BatchClient
 from .._core.ledger import PriceTable, cost_of
 from .._core.provider import Provider
+from .._state import exists
 from ..batchapi._flavors import PRICE_NOTES
 from ..errors import ConfigurationError
 from ..jobs import JobManager
@@ -231,7 +232,7 @@ def _dry_run(client: BatchClient, args: argparse.Namespace, prices: PriceTable |
         cache = None
         manager = JobManager(client.state_dir)
         async with manager:
-            if args.cache and (client.state_dir / "batchclient.sqlite3").exists():
+            if args.cache and exists(client.state_dir / "batchclient.sqlite3"):
                 cache = await manager.result_cache()
             try:
                 return await estimate_file(

@@ -41,7 +41,6 @@ import math
 import os
 import secrets
 import socket
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -54,6 +53,7 @@ from anyio.abc import TaskGroup
 
 from .._core.provider import Provider
 from .._core.responses import ResponsesOverChat, over_chat
+from .._state import STORAGE_ERRORS, bind, database_url
 from ..cache import ResultCache
 from ..cache._provider import CachedProvider
 from ..errors import ConfigurationError, JobError, JobStateError
@@ -77,7 +77,7 @@ from ._output import iter_output_lines, response_for, write_lines
 from ._progress import ProgressTracker
 from ._recovery import failure_of, late_result, reopen
 from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
-from ._store import DB_NAME, KERNEL, JobRow, Store, default_state_dir, now
+from ._store import DB_NAME, KERNEL, JobRow, LeaseLostError, Store, default_state_dir, now
 
 logger = logging.getLogger("batchclient.jobs")
 
@@ -112,7 +112,11 @@ class JobManager:
     use the result cache unless they say otherwise (``batches.create(..., cache=False)``).
     ``runner`` replaces how a job runs (default: :func:`run_job` over the provider's
     ``execute``, behind the result cache when the batch uses it). ``lease_times``: how it keeps
-    its leases (default :meth:`LeaseTimes.from_env`: 10 s lease, 1 s heartbeat, 2 s scan)."""
+    its leases (default :meth:`LeaseTimes.from_env`: 10 s lease, 1 s heartbeat, 2 s scan).
+    ``database``: a ``postgresql://`` URL (default ``$BATCHCLIENT_DATABASE_URL``, else None)
+    where the state lives instead of the state directory's SQLite file, shared by managers of
+    any process on any host (``state_dir`` then only caches files and holds temporary
+    ones)."""
 
     def __init__(
         self,
@@ -122,10 +126,14 @@ class JobManager:
         cache: bool = False,
         runner: JobRunner | None = None,
         lease_times: LeaseTimes | None = None,
+        database: str | None = None,
     ) -> None:
         self.state_dir = (
             Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         )
+        url = database_url(database)
+        if url is not None:
+            bind(self.state_dir, url)
         # a provider that serves chat runs /v1/responses lines as chat (translated both ways)
         self._provider = over_chat(provider) if provider is not None else None
         self.cache = cache
@@ -206,8 +214,10 @@ class JobManager:
             raise JobError("the job manager is not open: use it inside `async with`")
         if self._store is None:
             store = await to_thread.run_sync(Store, self.state_dir)
-            # before any lease is taken: a row never names an owner without its lock
-            if await to_thread.run_sync(self._lock.acquire):
+            store.owner = self.owner
+            # before any lease is taken: a row never names an owner without its lock (a lock
+            # file in this state directory says nothing to processes of a shared database)
+            if not store.shared and await to_thread.run_sync(self._lock.acquire):
                 store.kernel = KERNEL
             self._store = store
             assert self._tg is not None
@@ -300,6 +310,8 @@ class JobManager:
                 await run_job(store, provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
+        except LeaseLostError:
+            logger.warning("batch %s: another process took it over; stopped here", running.job_id)
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
             error = failure_of(exc, self.state_dir)
             logger.error("batch %s failed: %s: %s", running.job_id, error.code, error.message)
@@ -336,7 +348,7 @@ class JobManager:
                     owner=None,  # the lease goes in the same write: a full disk may take only one
                 )
             )
-        except (OSError, sqlite3.Error):
+        except STORAGE_ERRORS:
             return False
         return True
 
@@ -345,15 +357,23 @@ class JobManager:
         assert store is not None
         scanned = time.monotonic()
         while True:
+            read = True
             try:
                 leases = await to_thread.run_sync(store.heartbeat, self.owner)
-            except (OSError, sqlite3.Error):  # a full disk, say: the jobs report it themselves
-                leases = []
+            except STORAGE_ERRORS:  # a full disk, say: the jobs report it themselves
+                leases, read = [], False
+            held = dict(leases)
             for job_id, status in leases:
                 running = self._running.get(job_id)
                 if status == "cancelling" and running is not None:
                     running.cancel_requested = True
                     running.scope.cancel()
+            if read:
+                for job_id, running in list(self._running.items()):
+                    if job_id not in held and not running.lease_lost:
+                        # taken over by a process that found this one silent: stop at once
+                        running.lease_lost = True
+                        running.scope.cancel()
             for job_id, (error, failed_at) in list(self._unrecorded.items()):
                 if await self._record_failure(job_id, error, failed_at):
                     self._unrecorded.pop(job_id, None)
@@ -362,7 +382,7 @@ class JobManager:
                 scanned = time.monotonic()
                 try:
                     await self._resume_orphans()
-                except (OSError, sqlite3.Error):
+                except STORAGE_ERRORS:
                     pass  # the state directory is failing: the jobs report it themselves
                 except Exception:  # never let the scan take the client down
                     logger.exception("looking for orphaned batches failed")

@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +31,7 @@ from .._core.embeddings import as_requested, to_embedding_response
 from .._core.request import Request, Result, item_error
 from .._core.responses import answered, schemas, to_completion
 from .._core.usage import TokenCounts, token_counts
+from .._state import STORAGE_ERRORS
 from ..errors import ErrorCode
 from ..types import (
     ChatCompletionResponse,
@@ -329,7 +329,7 @@ def write_job_files(store: Store, job_id: str) -> tuple[str | None, str | None]:
         path = store.file_path(file_id)
         try:
             ids.append(_write_job_file(store, job_id, ok, kind, file_id, path))
-        except (OSError, sqlite3.Error) as exc:
+        except STORAGE_ERRORS as exc:
             raise OutputWriteError(f"the {kind} file", path, exc) from exc
     return ids[0], ids[1]
 

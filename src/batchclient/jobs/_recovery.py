@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import errno
 import json
-import sqlite3
 from pathlib import Path
 
+from .._state import DB_ERRORS
 from ..errors import ErrorCode, JobStateError
 from ..types import BatchChatCompletionResponse, BatchError, BatchItemError, ChatCompletionResponse
 from ._output import response_for
@@ -37,7 +37,7 @@ def failure_of(exc: BaseException, state_dir: Path) -> BatchError:
                 "the database this process has open, where job_result still reads them)"
             )
         return BatchError(code=ErrorCode.storage_error.value, message=message)
-    if isinstance(exc, sqlite3.Error):
+    if isinstance(exc, DB_ERRORS):
         message = f"the state database failed under the batch: {state_dir / DB_NAME}: {exc}"
         return BatchError(code=ErrorCode.storage_error.value, message=message)
     return BatchError(code=ErrorCode.internal_error.value, message=f"{type(exc).__name__}: {exc}")

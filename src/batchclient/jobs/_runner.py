@@ -47,7 +47,7 @@ from ._output import (
     write_job_files,
 )
 from ._plan import JobLinePlanner
-from ._store import ResultRow, Store, now
+from ._store import LeaseLostError, ResultRow, Store, now
 from ._validate import RequestLine, iter_requests, validate_batch_file
 
 _BLOCK = 256  # input lines parsed per thread hop
@@ -86,6 +86,9 @@ class RunningJob:
     done: anyio.Event = field(default_factory=anyio.Event)
     cancel_requested: bool = False
     origin: tuple[float, int] | None = None
+    lease_lost: bool = False
+    """Another process took the job over (its heartbeat saw the lease gone): stop, finish
+    nothing."""
 
 
 class RequestSource:
@@ -239,6 +242,8 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
             return
         if row.status in ("validating", "in_progress"):
             await run_unfinished(store, provider, job_id, row, running)
+    if running.lease_lost:
+        raise LeaseLostError(job_id, store.owner or "this process")
     row = await to_thread.run_sync(store.job_row, job_id)
     if running.cancel_requested or row.status == "cancelling":
         await finalize(store, job_id, "cancelled")

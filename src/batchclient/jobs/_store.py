@@ -29,18 +29,19 @@ its own mode (it may be a directory the caller chose for other things too).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
-import sqlite3
+import secrets
 import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._state import Database, Migration, Schema, add_columns, private_dirs, record
-from ..errors import FileNotFoundInStoreError, JobNotFoundError
+from .._state import Database, Migration, Schema, add_columns, exists, private_dirs, record
+from ..errors import BatchClientError, FileNotFoundInStoreError, JobNotFoundError
 from ..types import (
     Batch,
     BatchError,
@@ -63,12 +64,12 @@ _CLASS_COLUMNS = (
 )
 
 
-def _expiring_files(db: sqlite3.Connection) -> None:
+def _expiring_files(db: Any) -> None:
     add_columns("files", "expires_at INTEGER")(db)
     add_columns("jobs", "output_expires_s INTEGER")(db)
 
 
-def _token_classes(db: sqlite3.Connection) -> None:
+def _token_classes(db: Any) -> None:
     for table in ("results", "jobs"):
         add_columns(table, *_CLASS_COLUMNS)(db)
 
@@ -128,6 +129,20 @@ CREATE INDEX IF NOT EXISTS files_created_at ON files(created_at)
     ),
 )
 """The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
+FILE_BYTES = Schema(
+    "file_bytes",
+    (
+        Migration(
+            1,
+            "CREATE TABLE IF NOT EXISTS file_bytes(file_id TEXT NOT NULL, part INTEGER NOT NULL, "
+            "data BLOB NOT NULL, PRIMARY KEY(file_id, part)) WITHOUT ROWID",
+        ),
+    ),
+)
+"""The files' bytes, in a database shared by processes on several hosts (a SQLite state keeps
+them in ``files/`` only)."""
+FILE_PART_BYTES = 4 * 1024 * 1024
+"""The size of one ``file_bytes`` row."""
 _RESULT_COLUMNS = (
     "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached, "
     "latency_s, cached_tokens, cache_write_tokens, reasoning_tokens"
@@ -146,6 +161,15 @@ ACTIVE = tuple(sorted(BatchStatus.ACTIVE))  # for SQL: ``status IN {ACTIVE}``
 _CHUNK = 1000
 KERNEL = kernel_boot_id()
 """This machine's kernel boot id, recorded with every lease this process takes."""
+
+
+class LeaseLostError(BatchClientError, RuntimeError):
+    """Another process holds the lease of a job this process was running (it took the job over
+    after this one looked gone): this one stops it and publishes no result of it."""
+
+    def __init__(self, job_id: str, owner: str) -> None:
+        super().__init__(f"batch {job_id}: its lease was taken over from {owner}")
+        self.job_id = job_id
 
 
 def now() -> int:
@@ -239,21 +263,29 @@ class Store:
         self.files_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.files_dir, 0o700)
         self.db = Database(state_dir / DB_NAME, [SCHEMA])
+        self.shared = self.db.shared is not None
+        """Whether the database is a PostgreSQL shared with other processes: the files' bytes
+        are kept in it too, and ``files/`` only caches them."""
+        if self.shared:
+            self.db.migrate(FILE_BYTES)
         self._opened = _file_id(state_dir / DB_NAME)
+        self.owner: str | None = None
+        """The lease owner results are committed for (set by the job manager): a commit for a
+        job another owner has taken over is refused (:class:`LeaseLostError`)."""
         self.kernel: str | None = None
         """Recorded with the leases taken through this store: :data:`KERNEL` once its owner
         holds its lock file (:mod:`._lease`), so that the file's absence means it is gone."""
 
     @staticmethod
     def exists(state_dir: Path) -> bool:
-        return (state_dir / DB_NAME).exists()
+        return exists(state_dir / DB_NAME)
 
     def check_in_place(self) -> None:
         """Raise ``FileNotFoundError`` when the database this store has open is no longer the
         file at its path (the state directory was moved, removed or replaced under it: what
         is written now would be seen by no other process)."""
         path = self.state_dir / DB_NAME
-        if _file_id(path) != self._opened:
+        if not self.shared and _file_id(path) != self._opened:
             raise FileNotFoundError(
                 errno.ENOENT, "the database open here is no longer at this path", str(path)
             )
@@ -264,22 +296,64 @@ class Store:
     # ------------------------------------------------------------------ files
 
     def file_path(self, file_id: str) -> Path:
-        return self.files_dir / file_id
+        """Where the file's bytes are on this machine. In a shared database they are copied
+        from it first, unless this process has them already."""
+        path = self.files_dir / file_id
+        if self.shared:
+            self._fetch(file_id, path)
+        return path
+
+    def _fetch(self, file_id: str, path: Path) -> None:
+        row = self.db.one("SELECT bytes FROM files WHERE id = ?", (file_id,))
+        if row is None:
+            return  # a file being written here, or no file at all
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == row["bytes"]:
+                return
+        tmp = path.with_name(f".{file_id}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open_private(tmp) as f:
+                part = 0
+                while (
+                    chunk := self.db.one(
+                        "SELECT data FROM file_bytes WHERE file_id = ? AND part = ?",
+                        (file_id, part),
+                    )
+                ) is not None:
+                    f.write(chunk["data"])
+                    part += 1
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def add_file(self, record: FileObject, sha256: str) -> None:
-        self.db.write(
-            "INSERT INTO files (id, filename, bytes, created_at, purpose, sha256, expires_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.id,
-                record.filename,
-                record.bytes,
-                record.created_at,
-                record.purpose,
-                sha256,
-                record.expires_at,
-            ),
-        )
+        """Record a file whose bytes are at :meth:`file_path` (and, in a shared database,
+        store them there in the same transaction)."""
+        with self.db.transaction() as db:
+            db.execute(
+                "INSERT INTO files (id, filename, bytes, created_at, purpose, sha256, "
+                "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.id,
+                    record.filename,
+                    record.bytes,
+                    record.created_at,
+                    record.purpose,
+                    sha256,
+                    record.expires_at,
+                ),
+            )
+            if self.shared:
+                with open(self.files_dir / record.id, "rb") as f:
+                    for part, chunk in enumerate(iter(lambda: f.read(FILE_PART_BYTES), b"")):
+                        db.execute(
+                            "INSERT INTO file_bytes (file_id, part, data) VALUES (?, ?, ?)",
+                            (record.id, part, chunk),
+                        )
+
+    def _forget_bytes(self, db: Any, file_id: str) -> None:
+        if self.shared:
+            db.execute("DELETE FROM file_bytes WHERE file_id = ?", (file_id,))
 
     def get_file(self, file_id: str) -> FileObject:
         """The file's record. An expired file is deleted here and reported missing."""
@@ -292,8 +366,12 @@ class Store:
         return _file(row)
 
     def _drop_expired(self, file_id: str) -> None:
-        if self.db.write("DELETE FROM files WHERE id = ? AND expires_at <= ?", (file_id, now())):
-            self.file_path(file_id).unlink(missing_ok=True)
+        with self.db.transaction() as db:
+            sql = "DELETE FROM files WHERE id = ? AND expires_at <= ?"
+            if not db.execute(sql, (file_id, now())).rowcount:
+                return
+            self._forget_bytes(db, file_id)
+        (self.files_dir / file_id).unlink(missing_ok=True)
 
     def file_sha256(self, file_id: str) -> str:
         row = self.db.one("SELECT sha256 FROM files WHERE id = ?", (file_id,))
@@ -322,9 +400,11 @@ class Store:
         return [_file(r) for r in rows if not _expired(r)]
 
     def delete_file(self, file_id: str) -> None:
-        if not self.db.write("DELETE FROM files WHERE id = ?", (file_id,)):
-            raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
-        self.file_path(file_id).unlink(missing_ok=True)
+        with self.db.transaction() as db:
+            if not db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount:
+                raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
+            self._forget_bytes(db, file_id)
+        (self.files_dir / file_id).unlink(missing_ok=True)
 
     def delete_unused_file(self, file_id: str) -> list[str]:
         """Delete a file unless unfinished jobs read it; return those jobs (nothing deleted
@@ -341,7 +421,8 @@ class Store:
                 return users
             if not db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount:
                 raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
-        self.file_path(file_id).unlink(missing_ok=True)
+            self._forget_bytes(db, file_id)
+        (self.files_dir / file_id).unlink(missing_ok=True)
         return []
 
     def jobs_using_file(self, file_id: str) -> list[str]:
@@ -431,7 +512,9 @@ class Store:
 
     def commit_results(self, job_id: str, rows: list[ResultRow]) -> None:
         """Insert finished rows (a row already there is left alone) and grow the job's request
-        counts and usage by exactly the rows inserted, in one transaction."""
+        counts and usage by exactly the rows inserted, in one transaction. Raises
+        :class:`LeaseLostError` (nothing written) when another owner than :attr:`owner` holds
+        the job's lease: a process whose lease was taken over publishes nothing more."""
         ok = bad = tokens_in = tokens_out = hits = cached = written = reasoning = 0
         with self.db.transaction() as db:
             for row in rows:
@@ -464,14 +547,18 @@ class Store:
                     cached += row.cached_tokens
                     written += row.cache_write_tokens
                     reasoning += row.reasoning_tokens
-            db.execute(
+            counted = db.execute(
                 "UPDATE jobs SET completed = completed + ?, failed = failed + ?, "
                 "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
                 "cache_hits = cache_hits + ?, cached_tokens = cached_tokens + ?, "
                 "cache_write_tokens = cache_write_tokens + ?, "
-                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
-                (ok, bad, tokens_in, tokens_out, hits, cached, written, reasoning, job_id),
+                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?"
+                + ("" if self.owner is None else " AND (owner IS NULL OR owner = ?)"),
+                (ok, bad, tokens_in, tokens_out, hits, cached, written, reasoning, job_id)
+                + (() if self.owner is None else (self.owner,)),
             )
+            if not counted.rowcount and self.owner is not None:
+                raise LeaseLostError(job_id, self.owner)  # rolls the inserts back
 
     def finished_seqs(self, job_id: str, lo: int, hi: int) -> set[int]:
         """The finished ``seq``s of the job in ``lo..hi`` (inclusive)."""
@@ -480,7 +567,7 @@ class Store:
         )
         return {int(r["seq"]) for r in rows}
 
-    def _chunked(self, job_id: str, columns: str, ok: bool | None) -> Iterator[sqlite3.Row]:
+    def _chunked(self, job_id: str, columns: str, ok: bool | None) -> Iterator[Any]:
         """Rows of the job's results in ``seq`` order, read in chunks (memory flat; the lock is
         not held between chunks, so writers are not blocked)."""
         after = -1
@@ -527,15 +614,12 @@ class Store:
                 (dst_job, src_job),
             )
             db.execute(
-                "UPDATE jobs SET completed = (SELECT count(*) FROM results WHERE job_id = ?1), "
-                "input_tokens = (SELECT coalesce(sum(input_tokens), 0) FROM results "
-                "WHERE job_id = ?1), output_tokens = (SELECT coalesce(sum(output_tokens), 0) "
-                "FROM results WHERE job_id = ?1), cached_tokens = (SELECT "
-                "coalesce(sum(cached_tokens), 0) FROM results WHERE job_id = ?1), "
-                "cache_write_tokens = (SELECT coalesce(sum(cache_write_tokens), 0) FROM results "
-                "WHERE job_id = ?1), reasoning_tokens = (SELECT coalesce(sum(reasoning_tokens), "
-                "0) FROM results WHERE job_id = ?1) WHERE id = ?1",
-                (dst_job,),
+                "UPDATE jobs SET (completed, input_tokens, output_tokens, cached_tokens, "
+                "cache_write_tokens, reasoning_tokens) = (SELECT count(*), "
+                "coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), "
+                "coalesce(sum(cached_tokens), 0), coalesce(sum(cache_write_tokens), 0), "
+                "coalesce(sum(reasoning_tokens), 0) FROM results WHERE job_id = ?) WHERE id = ?",
+                (dst_job, dst_job),
             )
 
     def delete_results(self, job_id: str) -> None:
@@ -554,7 +638,10 @@ class Store:
         identical one (``same_as``) or repeating an earlier sampled one (``repeat`` > 0)."""
         with self.db.transaction() as db:
             db.executemany(
-                "INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO job_lines (job_id, seq, custom_id, same_as, repeat) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, seq) DO UPDATE SET "
+                "custom_id = excluded.custom_id, same_as = excluded.same_as, "
+                "repeat = excluded.repeat",
                 [(job_id, *line) for line in lines],
             )
 
@@ -649,7 +736,7 @@ def _encode(key: str, value: Any) -> Any:
     return value
 
 
-def _file(row: sqlite3.Row) -> FileObject:
+def _file(row: Any) -> FileObject:
     return FileObject(
         id=row["id"],
         bytes=row["bytes"],
@@ -660,7 +747,7 @@ def _file(row: sqlite3.Row) -> FileObject:
     )
 
 
-def _expired(row: sqlite3.Row) -> bool:
+def _expired(row: Any) -> bool:
     expires = row["expires_at"]
     return expires is not None and expires <= now()
 
@@ -698,7 +785,7 @@ def _job(row: JobRow) -> Batch:
     )
 
 
-def _result(row: sqlite3.Row) -> ResultRow:
+def _result(row: Any) -> ResultRow:
     response = json.loads(row["line"]).get("response") or {}
     return ResultRow(
         seq=row["seq"],

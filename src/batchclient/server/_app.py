@@ -8,7 +8,9 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 
+import anyio
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -16,7 +18,9 @@ from starlette.responses import Response
 
 from .._core.client import BatchClient
 from .._core.provider import Provider
+from .._state import Database
 from ..errors import ConfigurationError
+from ..jobs._store import DB_NAME
 from ._errors import install_handlers
 from ._guard import Guard
 from ._health import READY, STARTING, STOPPING, Probes
@@ -57,6 +61,7 @@ def create_app(
     body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT,
     webhook_url: str | None = None,
     webhook_secret: str | None = None,
+    database: str | None = None,
 ) -> FastAPI:
     """The OpenAI Files + Batches API, ``/v1/models``, one-request passthrough, the original
     protocol's ``/batch-inference`` routes and a status page at ``/`` over ``target`` (guide:
@@ -91,6 +96,10 @@ def create_app(
             / ``batch.cancelled`` event (OpenAI's shape, Standard Webhooks signature) here
             whenever a batch of any tenant ends; retried from a durable outbox, at least once.
         webhook_secret: the signing secret, ``whsec_`` and base64 (required with the URL).
+        database: a ``postgresql://`` URL holding every tenant's files, batches, results,
+            idempotency keys and webhook outbox (default ``$BATCHCLIENT_DATABASE_URL``, else
+            SQLite files in the state directories): any number of servers on any hosts share it
+            as one service (``docs/server.md``, "Many processes").
 
     Raises:
         ConfigurationError: a key that cannot be sent in a header, a limit below 1, or a
@@ -121,7 +130,9 @@ def create_app(
     metrics = Metrics()
     if isinstance(target, Provider):  # every request it runs counted (a client runs its own)
         target = MeteredProvider(target, metrics)
-    tenants = Tenants(target, state_dir=state_dir, api_keys=tuple(api_keys), cache=cache)
+    tenants = Tenants(
+        target, state_dir=state_dir, api_keys=tuple(api_keys), cache=cache, database=database
+    )
     metrics.tenants = tenants
 
     @asynccontextmanager
@@ -132,11 +143,17 @@ def create_app(
             app.state.started_at = int(time.time())
             for tenant in tenants.tenants:
                 logger.info("tenant %s: state in %s", tenant.id, tenant.client.state_dir)
+            probe = None
+            if tenants.database is not None:  # /ready asks it, on a connection of its own
+                probe = await anyio.to_thread.run_sync(Database, tenants.state_dir / DB_NAME)
+                app.state.database_check = partial(anyio.to_thread.run_sync, probe.ping)
             app.state.phase = READY  # provider started, interrupted batches taken back up
             try:
                 yield
             finally:
                 app.state.phase = STOPPING
+                if probe is not None:
+                    probe.close()
         logger.info("stopped: running batches paused, they resume on the next start")
 
     app = FastAPI(

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._invalid import first_problem
+from .._state import DB_ERRORS
 from ..errors import (
     ClientClosedError,
     ConfigurationError,
@@ -233,6 +234,13 @@ def storage_response(exc: BaseException) -> JSONResponse | None:
     elif isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", -1) & 0xFF  # the primary result code
         full, unwritable = code == _SQLITE_FULL, code in _SQLITE_UNWRITABLE
+    elif isinstance(exc, DB_ERRORS):  # PostgreSQL: SQLSTATE classes 53 (resources), 08, 57P
+        state = str(getattr(exc, "sqlstate", None) or "")
+        full = state == "53100"  # disk_full
+        unwritable = not full and (
+            state.startswith(("08", "57P", "53", "25006"))
+            or type(exc).__name__ == "OperationalError"
+        )
     else:
         return None
     if full:

@@ -6,7 +6,9 @@ app starts.
 - ``/ready``: 503 ``{"status": "starting"}`` until the provider has started and every tenant's
   unfinished batches have been taken back up (the app's lifespan has finished starting), 200
   ``{"status": "ready"}`` from then on, 503 ``{"status": "stopping"}`` once it stops: a
-  readiness probe (a load balancer sends traffic only to a ready server).
+  readiness probe (a load balancer sends traffic only to a ready server). With a shared
+  PostgreSQL, a ready server also asks it (at most 2 s): 503 ``{"status":
+  "database_unavailable"}`` while it does not answer.
 - Every other route answers 503 ``server_starting`` (OpenAI's envelope, ``Retry-After: 1``)
   until the app is ready: the tenants' clients are not open before then.
 
@@ -20,12 +22,17 @@ import asyncio
 import json
 from typing import Any
 
+import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._errors import envelope
 
 STARTING = "starting"
 READY = "ready"
+DATABASE_UNAVAILABLE = "database_unavailable"
+"""``/ready``'s status when the shared database does not answer (the server is up)."""
+DATABASE_CHECK_S = 2.0
+"""How long ``/ready`` waits for the shared database's answer, seconds."""
 STOPPING = "stopping"
 
 _STARTING_BODY = json.dumps(
@@ -54,8 +61,16 @@ class Probes:
         if path == "/health" and scope["method"] in ("GET", "HEAD"):
             await _answer(send, 200, b'{"status":"ok"}')
         elif path == "/ready" and scope["method"] in ("GET", "HEAD"):
-            body = json.dumps({"status": phase}, separators=(",", ":")).encode()
-            await _answer(send, 200 if phase == READY else 503, body)
+            status = phase
+            check = getattr(self.state, "database_check", None)
+            if phase == READY and check is not None:
+                try:
+                    with anyio.fail_after(DATABASE_CHECK_S):
+                        await check()
+                except Exception:  # unreachable, or slower than a probe waits
+                    status = DATABASE_UNAVAILABLE
+            body = json.dumps({"status": status}, separators=(",", ":")).encode()
+            await _answer(send, 200 if status == READY else 503, body)
         elif phase == STARTING:
             await _answer(send, 503, _STARTING_BODY, retry_after=True)
         else:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._state import Database, Migration, Schema
+from .._state import Database, Migration, Schema, exists
 
 TTL_S = 24 * 3600.0
 MAX_KEY_LENGTH = 255
@@ -64,7 +64,7 @@ class IdempotencyKeys:
         """The batch created with ``key`` in the last 24 h, or None. Raises :class:`KeyReused`
         when that request had another body."""
         with self._lock:
-            if self._db is None and not self._path.exists():
+            if self._db is None and not exists(self._path):
                 return None
             row = self._conn().one(
                 "SELECT body, batch_id FROM idempotency WHERE key = ? AND created_at > ?",
@@ -79,7 +79,9 @@ class IdempotencyKeys:
     def record(self, key: str, body: str, batch_id: str) -> None:
         with self._lock:
             self._conn().write(
-                "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, ?)",
+                "INSERT INTO idempotency (key, body, batch_id, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET body = excluded.body, "
+                "batch_id = excluded.batch_id, created_at = excluded.created_at",
                 (_hash(key), body, batch_id, time.time()),
             )
 

@@ -32,7 +32,7 @@ from .._core.client import BatchClient
 from .._core.flows import current_flow
 from .._core.provider import DelegatingProvider, Provider
 from .._core.request import Request, Result
-from .._state import private_dirs
+from .._state import DEFAULT_SCHEMA, bind, database_url, private_dirs
 from ..errors import ConfigurationError
 from ..jobs._store import default_state_dir
 from ._fair import FairGate, provider_capacity
@@ -128,6 +128,7 @@ class Tenants:
         state_dir: str | os.PathLike[str] | None = None,
         api_keys: list[str] | tuple[str, ...] = (),
         cache: bool | None = None,
+        database: str | None = None,
     ) -> None:
         if cache is None:
             cache = target.cache if isinstance(target, BatchClient) else False
@@ -143,6 +144,13 @@ class Tenants:
             )
         self.target = target
         self.state_dir = base
+        url = database_url(database)
+        self.database = url
+        """The shared PostgreSQL (None: SQLite files in each state directory)."""
+        if url is not None:  # each tenant in its own schema, as each has its own SQLite file
+            bind(base, url, DEFAULT_SCHEMA)
+            for key in api_keys:
+                bind(base / "tenants" / tenant_id(key), url, f"tenant_{tenant_id(key)}")
         self._keyed: list[tuple[bytes, Tenant]] = []
         self.tenants: list[Tenant] = []
         provider = self.provider
@@ -152,14 +160,14 @@ class Tenants:
                 default = target  # the client is the one tenant (its requests skip the gate)
             else:
                 shared = SharedProvider(provider, self.gate, DEFAULT_TENANT)
-                default = BatchClient(shared, state_dir=base, cache=cache)
+                default = BatchClient(shared, state_dir=base, cache=cache, database=url)
             self.tenants.append(Tenant(DEFAULT_TENANT, default, IdempotencyKeys(base)))
         for key in dict.fromkeys(api_keys):  # a key given twice is one tenant
             check_key(key)
             tid = tenant_id(key)
             directory = base / "tenants" / tid
             shared = SharedProvider(provider, self.gate, tid)
-            client = BatchClient(shared, state_dir=directory, cache=cache)
+            client = BatchClient(shared, state_dir=directory, cache=cache, database=url)
             tenant = Tenant(tid, client, IdempotencyKeys(directory))
             self.tenants.append(tenant)
             self._keyed.append((hashlib.sha256(key.encode()).digest(), tenant))

@@ -42,7 +42,6 @@ import hmac
 import json
 import logging
 import random
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -53,7 +52,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 
-from .._state import Migration, Schema
+from .._state import Connection, Migration, Schema
 from .._version import __version__
 from ..errors import ConfigurationError
 from ..jobs._store import Store
@@ -92,17 +91,29 @@ _COLUMNS = (
     "last_error TEXT"
 )
 _TRIGGERS = ("webhook_on_terminal", "webhook_on_terminal_insert")
+_DUE = (
+    "SELECT id, batch_id, type, created_at, attempts FROM webhook_events "
+    "WHERE delivered_at IS NULL AND abandoned_at IS NULL AND next_attempt_at <= ? "
+    "ORDER BY next_attempt_at, created_at LIMIT ?"
+)
 
 
-def _create(db: sqlite3.Connection) -> None:
+def _create(db: Connection) -> None:
+    if db.dialect == "postgresql":  # made in version 2's shape, with a trigger function
+        unique = "UNIQUE (batch_id, type)"
+        db.execute(f"CREATE TABLE IF NOT EXISTS webhook_events ({_COLUMNS}, {unique})")
+        _index_and_pg_trigger(db)
+        return
     db.execute(f"CREATE TABLE IF NOT EXISTS webhook_events ({_COLUMNS}, UNIQUE (batch_id))")
     _index_and_triggers(db)
 
 
-def _one_event_per_state(db: sqlite3.Connection) -> None:
+def _one_event_per_state(db: Connection) -> None:
     """Version 2: one event per batch and terminal state (version 1 kept one per batch, so a
     resumed batch's final state was never sent). The table is copied into the new shape; the
     triggers that write it are made again around the swap."""
+    if db.dialect == "postgresql":
+        return  # made in this shape by version 1
     for name in _TRIGGERS:
         db.execute(f"DROP TRIGGER IF EXISTS {name}")
     db.execute("DROP INDEX IF EXISTS webhook_events_due")
@@ -117,11 +128,32 @@ def _one_event_per_state(db: sqlite3.Connection) -> None:
     _index_and_triggers(db)
 
 
-def _index_and_triggers(db: sqlite3.Connection) -> None:
+def _due_index(db: Connection) -> None:
     db.execute(
         "CREATE INDEX IF NOT EXISTS webhook_events_due ON webhook_events (next_attempt_at) "
         "WHERE delivered_at IS NULL AND abandoned_at IS NULL"
     )
+
+
+def _index_and_pg_trigger(db: Connection) -> None:
+    """PostgreSQL's spelling of the triggers below: one function, on insert and update."""
+    _due_index(db)
+    db.execute(
+        "CREATE OR REPLACE FUNCTION webhook_event() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN IF NEW.status IN {_TERMINAL_SQL} AND (TG_OP = 'INSERT' OR OLD.status NOT IN "
+        f"{_TERMINAL_SQL}) THEN INSERT INTO webhook_events (id, batch_id, type, created_at) "
+        "VALUES ('evt_' || replace(gen_random_uuid()::text, '-', ''), NEW.id, "
+        "'batch.' || NEW.status, extract(epoch FROM now())::bigint) ON CONFLICT DO NOTHING; "
+        "END IF; RETURN NEW; END $$"
+    )
+    db.execute(
+        f"CREATE OR REPLACE TRIGGER {_TRIGGERS[0]} AFTER INSERT OR UPDATE OF status ON jobs "
+        "FOR EACH ROW EXECUTE FUNCTION webhook_event()"
+    )
+
+
+def _index_and_triggers(db: Connection) -> None:
+    _due_index(db)
     # a status change into a terminal state, and a batch inserted already terminal (one that
     # fails validation at creation): both queue the event in the same transaction
     db.execute(
@@ -248,14 +280,22 @@ class Outbox:
             raise
         self.db = self.store.db
 
-    def due(self, now: float, limit: int = 100) -> list[Event]:
-        rows = self.db.all(
-            "SELECT id, batch_id, type, created_at, attempts FROM webhook_events "
-            "WHERE delivered_at IS NULL AND abandoned_at IS NULL AND next_attempt_at <= ? "
-            "ORDER BY next_attempt_at, created_at LIMIT ?",
-            (now, limit),
-        )
-        return [Event(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    def due(self, now: float, limit: int = 100, claim_s: float = 60.0) -> list[Event]:
+        """Up to ``limit`` events due at ``now``. In a database shared by several servers
+        they are claimed: each is not due again for ``claim_s`` (more than an attempt takes)
+        unless its attempt is recorded first, so servers never send one event at once, and an
+        event whose sender died is sent again by whichever server finds it due then. (One
+        server on its own SQLite file sends what it finds, at once after a restart too.)"""
+        if not self.store.shared:
+            return [Event(*r) for r in self.db.all(_DUE, (now, limit))]
+        with self.db.transaction() as db:
+            rows = db.execute(_DUE, (now, limit)).fetchall()
+            if rows:
+                db.executemany(
+                    "UPDATE webhook_events SET next_attempt_at = ? WHERE id = ?",
+                    [(now + claim_s, r[0]) for r in rows],
+                )
+        return [Event(*r) for r in rows]
 
     def delivered(self, event_id: str) -> None:
         self.db.write(
@@ -314,7 +354,11 @@ class Deliverer:
                     if len(ours) >= self.max_in_flight_per_tenant:
                         continue
                     try:
-                        events = await anyio.to_thread.run_sync(outbox.due, time.time())
+                        room = self.max_in_flight_per_tenant - len(ours)  # claim what starts
+                        claim_s = 3 * self.timeout_s + 30
+                        events = await anyio.to_thread.run_sync(
+                            outbox.due, time.time(), room, claim_s
+                        )
                     except Exception:  # a full disk, a bug: never take the server down
                         logger.exception("webhooks: reading %s failed", outbox.db.path)
                         continue
