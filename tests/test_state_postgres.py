@@ -35,6 +35,7 @@ async def test_a_batch_made_in_one_state_dir_is_read_whole_from_another(
         job = await first.schedule_batch(upload.id)
         with anyio.fail_after(60):
             done = await first.batches.wait(job.job_id)
+        assert done.output_file_id is not None
         output = await first.files.content(done.output_file_id)
     assert done.status == "completed" and done.request_counts.completed == 20
     assert not (tmp_path / "a" / "batchclient.sqlite3").exists()  # nothing went to SQLite
