@@ -1,0 +1,166 @@
+"""Three ``batchclient serve --database postgresql://...`` processes, each with its own state
+directory, as one service over one real PostgreSQL and one loopback upstream: processes are
+SIGKILLed (or frozen) in turn during batches and the batch still ends with every custom_id
+exactly once and its own answer; a cancel through any process stops the upstream's traffic;
+a process whose lease was taken over publishes nothing more."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from batchclient.testing import StubServer, free_port
+from jobs_util import wait_sync
+from server_util import WINDOW, batch_file, finished, ready, sdk, spawn, wait_batch
+
+pytestmark = pytest.mark.slow
+
+LINES = 1500
+
+
+class Fleet:
+    """``serve`` processes over one database and upstream, each on its own port and state."""
+
+    def __init__(self, stub: StubServer, root: Path, database: str, *extra: str) -> None:
+        self.stub, self.root, self.extra = stub, root, ("--database", database, *extra)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.urls: dict[int, str] = {}
+
+    def start(self, i: int, wait: bool = True) -> str:
+        port = free_port()
+        proc = spawn(self.stub.url, self.root / f"state{i}", port, *self.extra)
+        self.procs[i], self.urls[i] = proc, f"http://127.0.0.1:{port}"
+        if wait:
+            ready(self.urls[i], proc)
+        return self.urls[i]
+
+    def kill(self, i: int) -> None:
+        os.kill(self.procs[i].pid, signal.SIGKILL)
+        self.procs[i].wait()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a frozen one too
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def fleet(stub: StubServer, root: Path, database: str, *extra: str) -> Iterator[Fleet]:
+    servers = Fleet(stub, root, database, *extra)
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
+
+
+def _answers(client: object, batch: object) -> list[dict[str, object]]:
+    content = client.files.content(batch.output_file_id).text  # type: ignore[attr-defined]
+    return [json.loads(x) for x in content.splitlines()]
+
+
+def _own_answer(row: dict[str, object]) -> bool:
+    """Whether the stub's echo in ``row``'s answer is of its own request (``r <i>``)."""
+    body = row["response"]["body"]  # type: ignore[index]
+    text = body["choices"][0]["message"]["content"]  # type: ignore[index]
+    return f"r {str(row['custom_id'])[1:]}" in text
+
+
+@pytest.mark.stub(latency_s=0.05)
+def test_a_batch_outlives_two_of_three_servers_and_a_cancel_reaches_the_owner(
+    stub: StubServer, tmp_path: Path, pg_url: str
+) -> None:
+    before = stub.stats.requests
+    with fleet(stub, tmp_path, pg_url) as servers:
+        one, _, three = (servers.start(i) for i in (1, 2, 3))
+        c1 = sdk(one)
+        upload = c1.files.create(file=("in.jsonl", batch_file(LINES)), purpose="batch")
+        batch = c1.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        wait_sync(lambda: stub.stats.requests - before >= 200, timeout=60, every=0.01)
+        servers.kill(1)
+        time.sleep(3)
+        servers.kill(2)
+        c3 = sdk(three)
+        done = wait_batch(c3, batch.id, within=180)
+        sent = stub.stats.requests - before
+        rows = _answers(c3, done)
+        input_through_three = c3.files.content(upload.id).content
+
+        # a second batch, created on 3, cancelled through 2 started again
+        before_second = stub.stats.requests
+        upload2 = c3.files.create(file=("in.jsonl", batch_file(LINES, "s")), purpose="batch")
+        second = c3.batches.create(
+            input_file_id=upload2.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        two = servers.start(2)
+        wait_sync(lambda: stub.stats.requests > before_second, timeout=60, every=0.01)
+        time.sleep(2)
+        cancelled = sdk(two).batches.cancel(second.id)
+        cancel_done = time.monotonic()
+        final = wait_batch(sdk(two), second.id, within=60)
+        at_cancel = stub.stats.requests
+        time.sleep(5)
+        after_cancel = stub.stats.requests - at_cancel
+    print(
+        f"first batch: upstream requests={sent} for {LINES} lines; second: cancelled after "
+        f"{finished(final)} lines, {after_cancel} requests in the 5 s after it ended "
+        f"({time.monotonic() - cancel_done:.1f} s after the cancel returned)"
+    )
+    assert done.status == "completed" and done.request_counts.completed == LINES
+    ids = Counter(str(r["custom_id"]) for r in rows)
+    assert set(ids) == {f"r{i}" for i in range(LINES)} and set(ids.values()) == {1}
+    assert all(_own_answer(r) for r in rows)
+    assert sent <= LINES + 64
+    assert input_through_three == batch_file(LINES)
+    assert cancelled.status in ("cancelling", "cancelled") and final.status == "cancelled"
+    assert finished(final) == LINES  # every line has its result or batch_cancelled
+    assert after_cancel == 0
+
+
+@pytest.mark.stub(latency_s=0.05)
+def test_a_frozen_server_loses_its_lease_and_publishes_nothing_after(
+    stub: StubServer, tmp_path: Path, pg_url: str
+) -> None:
+    """SIGSTOP the process running a batch: its heartbeat stops, another takes the batch over
+    after the lease (2 s here); woken with SIGCONT, the first finds its commits refused and
+    stops. Every custom_id once, and the counts equal the rows."""
+    times = "lease_s=2,heartbeat_s=0.2,orphan_scan_s=0.3"
+    os.environ["BATCHCLIENT_LEASE_TIMES"] = times  # read by the servers spawned below
+    try:
+        with fleet(stub, tmp_path, pg_url) as servers:
+            one, two = servers.start(1), servers.start(2)
+            c1 = sdk(one)
+            upload = c1.files.create(file=("in.jsonl", batch_file(600)), purpose="batch")
+            batch = c1.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            wait_sync(lambda: finished(c1.batches.retrieve(batch.id)) >= 100, timeout=60)
+            os.kill(servers.procs[1].pid, signal.SIGSTOP)
+            frozen = finished(sdk(two).batches.retrieve(batch.id))
+            wait_sync(
+                lambda: finished(sdk(two).batches.retrieve(batch.id)) > frozen + WINDOW,
+                timeout=30,
+            )
+            os.kill(servers.procs[1].pid, signal.SIGCONT)
+            done = wait_batch(sdk(two), batch.id, within=120)
+            rows = _answers(sdk(two), done)
+            time.sleep(1)  # the woken one stopped: it logged it
+    finally:
+        del os.environ["BATCHCLIENT_LEASE_TIMES"]
+    log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+    assert done.status == "completed" and done.request_counts.completed == 600
+    ids = Counter(str(r["custom_id"]) for r in rows)
+    assert set(ids) == {f"r{i}" for i in range(600)} and set(ids.values()) == {1}
+    assert "taking up batch" in log and "another process took it over" in log
