@@ -392,9 +392,8 @@ class _PgConnection:
         return cursor
 
     def begin(self) -> None:
-        conn = self._live()
-        conn.execute("BEGIN")
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
+        # one round trip (the simple query protocol takes both statements)
+        self._live().execute(f"BEGIN; SELECT pg_advisory_xact_lock({int(self.lock_key)})")
 
     def close(self) -> None:
         if self._conn is not None:

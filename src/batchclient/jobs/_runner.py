@@ -155,7 +155,8 @@ class RequestSource:
 
 
 class GroupCommit:
-    """Commit finished rows to SQLite; ``put`` returns once the row's transaction committed."""
+    """Commit finished rows to the store; ``put`` returns once the row's transaction
+    committed."""
 
     def __init__(self, store: Store, job_id: str, running: RunningJob | None = None) -> None:
         self._store = store
@@ -176,22 +177,36 @@ class GroupCommit:
             while self._rows:
                 # one loop turn: results that complete meanwhile join this transaction
                 await anyio.lowlevel.checkpoint()
-                self._commit()
+                if not self._store.shared:
+                    self._commit()
+                    continue
+                # a shared database is round trips away: commit off the loop, and what
+                # finishes meanwhile joins the next transaction
+                rows, event = self._take()
+                await to_thread.run_sync(self._write, rows)
+                event.set()
         finally:
             self._busy = False
+
+    def _take(self) -> tuple[list[ResultRow], anyio.Event]:
+        rows, event = self._rows, self._committed
+        self._rows, self._committed = [], anyio.Event()
+        return rows, event
 
     def _commit(self) -> None:
         # In the event loop, not a worker thread: a WAL commit without fsync takes ~0.1 ms,
         # while a thread hop waits for the GIL (up to its 5 ms switch interval) with the
         # worker's slot held (bench/jobs_throughput.py measured the difference).
-        rows, event = self._rows, self._committed
-        self._rows, self._committed = [], anyio.Event()
+        rows, event = self._take()
+        self._write(rows)
+        event.set()
+
+    def _write(self, rows: list[ResultRow]) -> None:
         if rows:
             self._store.commit_results(self._job_id, rows)
             if self._running is not None and self._running.origin is None:
                 job = self._store.job_row(self._job_id)
                 self._running.origin = (time.time(), job.completed + job.failed)
-        event.set()
 
     def flush(self) -> None:
         """Commit everything queued (after the run, also when it was cancelled)."""

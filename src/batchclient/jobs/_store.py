@@ -147,6 +147,8 @@ _RESULT_COLUMNS = (
     "job_id, seq, custom_id, ok, status_code, error, line, input_tokens, output_tokens, cached, "
     "latency_s, cached_tokens, cache_write_tokens, reasoning_tokens"
 )
+_RESULT_MARKS = "(" + ", ".join("?" * 14) + ")"
+_ROWS_PER_INSERT = 500  # 7,000 bound values: under SQLite's limit (32,766)
 _TIMESTAMPS = (
     "in_progress_at",
     "expires_at",
@@ -517,28 +519,22 @@ class Store:
         the job's lease: a process whose lease was taken over publishes nothing more."""
         ok = bad = tokens_in = tokens_out = hits = cached = written = reasoning = 0
         with self.db.transaction() as db:
-            for row in rows:
+            inserted: set[int] = set()
+            for i in range(0, len(rows), _ROWS_PER_INSERT):
+                chunk = rows[i : i + _ROWS_PER_INSERT]
+                # one statement per chunk (one round trip to a shared database); RETURNING
+                # names the rows inserted, so a row already there is counted once
+                values = ", ".join([_RESULT_MARKS] * len(chunk))
+                args = [a for row in chunk for a in _result_args(job_id, row)]
                 cur = db.execute(
-                    f"INSERT OR IGNORE INTO results ({_RESULT_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        job_id,
-                        row.seq,
-                        row.custom_id,
-                        int(row.ok),
-                        row.status_code,
-                        None if row.error is None else row.error.model_dump_json(exclude_none=True),
-                        row.line,
-                        row.input_tokens,
-                        row.output_tokens,
-                        int(row.cached),
-                        row.latency_s,
-                        row.cached_tokens,
-                        row.cache_write_tokens,
-                        row.reasoning_tokens,
-                    ),
+                    f"INSERT INTO results ({_RESULT_COLUMNS}) VALUES {values} "
+                    "ON CONFLICT DO NOTHING RETURNING seq",
+                    args,
                 )
-                if cur.rowcount:
+                inserted.update(int(r[0]) for r in cur.fetchall())
+            for row in rows:
+                if row.seq in inserted:
+                    inserted.discard(row.seq)  # the same seq twice in one call counts once
                     ok += row.ok
                     bad += not row.ok
                     tokens_in += row.input_tokens
@@ -720,6 +716,25 @@ class Store:
             )
             found.update((int(r["seq"]), _result(r)) for r in rows)
         return found
+
+
+def _result_args(job_id: str, row: ResultRow) -> tuple[Any, ...]:
+    return (
+        job_id,
+        row.seq,
+        row.custom_id,
+        int(row.ok),
+        row.status_code,
+        None if row.error is None else row.error.model_dump_json(exclude_none=True),
+        row.line,
+        row.input_tokens,
+        row.output_tokens,
+        int(row.cached),
+        row.latency_s,
+        row.cached_tokens,
+        row.cache_write_tokens,
+        row.reasoning_tokens,
+    )
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

@@ -20,6 +20,8 @@
   expiry, stuck batches and 429 / 5xx on create and polling.
 - :class:`CountingProxy`: forwards to a real server and counts what it forwards, to tell what
   was sent twice.
+- :class:`PostgresServer`: a real PostgreSQL server on loopback (the distribution's programs),
+  for ``database=`` / ``--database``.
 - :class:`AppServer`: an ASGI application (``batchclient.server.create_app(...)``) on a real
   uvicorn server on loopback, in a background thread.
 """
@@ -28,6 +30,7 @@ from ._anthropic_stub import AnthropicBatchStub
 from ._app_server import AppServer
 from ._batch_stub import BatchAPIStub
 from ._gemini_stub import GeminiBatchStub
+from ._postgres import PostgresServer
 from ._process import StubProcess
 from ._proxy import CountingProxy
 from ._stub import Fault, StubReply, StubServer, StubStats
@@ -40,6 +43,7 @@ __all__ = [
     "CountingProxy",
     "Fault",
     "GeminiBatchStub",
+    "PostgresServer",
     "StubProcess",
     "StubReply",
     "StubServer",

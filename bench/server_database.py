@@ -1,0 +1,155 @@
+"""``batchclient serve`` on a shared PostgreSQL against the same server on its SQLite file, and
+two servers on one PostgreSQL against one (goals: PostgreSQL within 20 % of SQLite; two
+processes at least 1.6x one).
+
+The provider is the stub server in its own process, 50 ms latency; each server has 64 requests
+in flight. The PostgreSQL server is a real one started for the run (the distribution's
+programs, ``batchclient.testing.PostgresServer``, ``fsync=off``), on this machine.
+
+- ``sqlite`` / ``postgres``: one server each, started beforehand; the openai SDK uploads an
+  ``--n``-line file, creates the batch, polls every 0.25 s and downloads the output; the two
+  alternate, ``--repeats`` rounds, order reversed every other round. Ratio of medians.
+- ``one_process`` / ``two_processes``: ``--batches`` batches of ``--n`` lines created at once,
+  all on one server, or alternately on two servers sharing one database (what a load balancer
+  in front of them does); the time until every batch is completed. Ratio of medians.
+
+Every process of the run shares this machine's cores: the stub, the servers, PostgreSQL and the
+SDK clients. Two servers can only beat one by the cores left idle by one.
+
+    python bench/server_database.py [--n 1000] [--repeats 5] [--batches 4]
+
+Writes bench/results/server_database.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from _jobs_common import save, stub_process, write_input
+from _server_common import serve
+from batchclient.testing import PostgresServer
+
+POLL_S = 0.25
+SERVE_ARGS = ("--max-concurrency", "64")
+
+
+def one_batch(client: openai.OpenAI, inp: Path, n: int) -> float:
+    """Seconds from the upload to the downloaded output of one batch."""
+    started = time.perf_counter()
+    with inp.open("rb") as f:
+        upload = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        time.sleep(POLL_S)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.output_file_id, batch
+    assert batch.request_counts is not None and batch.request_counts.completed == n, batch
+    client.files.content(batch.output_file_id).read()
+    return time.perf_counter() - started
+
+
+def many_batches(clients: list[openai.OpenAI], inp: Path, n: int, batches: int) -> float:
+    """Seconds until ``batches`` batches, created at once round-robin over ``clients``, are
+    all completed."""
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        try:
+            one_batch(clients[i % len(clients)], inp, n)
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(batches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return time.perf_counter() - started
+
+
+def sdk(url: str) -> openai.OpenAI:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    client.chat.completions.create(  # warm-up: connections, model check
+        model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+    )
+    return client
+
+
+def measure(n: int, repeats: int, batches: int) -> dict[str, Any]:
+    wall: dict[str, list[float]] = {
+        m: [] for m in ("sqlite", "postgres", "one_process", "two_processes")
+    }
+    with (
+        tempfile.TemporaryDirectory() as name,
+        stub_process(latency_s=0.05) as stub,
+        PostgresServer() as pg,
+    ):
+        tmp = Path(name)
+        inp = write_input(tmp / "in.jsonl", n, max_tokens=8)
+        database = pg.database()
+        pg_args = ("--database", database, *SERVE_ARGS)
+        with (
+            serve(stub, tmp / "sqlite", *SERVE_ARGS) as (lite_url, _),
+            serve(stub, tmp / "pg1", *pg_args) as (pg1_url, _),
+        ):
+            clients = {"sqlite": sdk(lite_url), "postgres": sdk(pg1_url)}
+            for r in range(repeats):
+                for mode in ("sqlite", "postgres")[:: 1 if r % 2 == 0 else -1]:
+                    wall[mode].append(one_batch(clients[mode], inp, n))
+            with serve(stub, tmp / "pg2", *pg_args) as (pg2_url, _):
+                pair = [clients["postgres"], sdk(pg2_url)]
+                for r in range(repeats):
+                    for mode in ("one_process", "two_processes")[:: 1 if r % 2 == 0 else -1]:
+                        used = pair[:1] if mode == "one_process" else pair
+                        wall[mode].append(many_batches(used, inp, n, batches))
+    median = {m: statistics.median(v) for m, v in wall.items()}
+    return {
+        "n": n,
+        "batches": batches,
+        "wall_s": wall,
+        "requests_per_s": {
+            "sqlite": n / median["sqlite"],
+            "postgres": n / median["postgres"],
+            "one_process": batches * n / median["one_process"],
+            "two_processes": batches * n / median["two_processes"],
+        },
+        "ratio_postgres_over_sqlite": median["sqlite"] / median["postgres"],
+        "ratio_two_over_one": median["one_process"] / median["two_processes"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1000, help="request lines per batch (default 1000)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of each (default 5)")
+    p.add_argument("--batches", type=int, default=4, help="batches at once (default 4)")
+    args = p.parse_args()
+    figures = measure(args.n, args.repeats, args.batches)
+    figures["target"] = "stub, 50 ms latency, 64 in flight per server; polled every 0.25 s"
+    figures["goal_postgres_within_20_percent"] = figures["ratio_postgres_over_sqlite"] >= 0.8
+    figures["goal_two_at_least_1_6x"] = figures["ratio_two_over_one"] >= 1.6
+    path = save("server_database", figures)
+    rate = figures["requests_per_s"]
+    print(
+        f"{args.n} lines, medians of {args.repeats}: SQLite {rate['sqlite']:.0f} req/s, "
+        f"PostgreSQL {rate['postgres']:.0f} req/s (ratio "
+        f"{figures['ratio_postgres_over_sqlite']:.3f}); {args.batches} batches at once: one "
+        f"process {rate['one_process']:.0f} req/s, two {rate['two_processes']:.0f} req/s "
+        f"(ratio {figures['ratio_two_over_one']:.3f})\nwrote {path}"
+    )
+
+
+if __name__ == "__main__":
+    main()
