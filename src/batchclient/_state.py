@@ -74,6 +74,10 @@ BUSY_TIMEOUT_S = 30.0
 """How long a statement waits for another connection's write lock before failing."""
 DATABASE_ENV = "BATCHCLIENT_DATABASE_URL"
 """The environment variable read where no ``database=`` is given."""
+IDLE_IN_TRANSACTION_S = 5
+"""PostgreSQL ends a connection of ours left idle inside a transaction this long (seconds): a
+process frozen or cut off mid-transaction would otherwise hold its schema's write lock, and
+stop every other process's writes, for as long as it stays so."""
 DEFAULT_SCHEMA = "batchclient"
 """The PostgreSQL schema of a state directory bound without one."""
 
@@ -357,6 +361,9 @@ class _PgConnection:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
                 conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute(
+                f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_S * 1000}"
+            )
         except BaseException:
             conn.close()
             raise

@@ -310,9 +310,12 @@ class JobManager:
                 await run_job(store, provider, running)
         except anyio.get_cancelled_exc_class():
             raise  # the client is closing: the job stays active, to be resumed
-        except LeaseLostError:
-            logger.warning("batch %s: another process took it over; stopped here", running.job_id)
         except Exception as exc:  # a bug or a broken state dir: fail this job, not the client
+            if running.lease_lost or _lease_lost(exc):
+                logger.warning(
+                    "batch %s: another process took it over; stopped here", running.job_id
+                )
+                return
             error = failure_of(exc, self.state_dir)
             logger.error("batch %s failed: %s: %s", running.job_id, error.code, error.message)
             with anyio.CancelScope(shield=True):
@@ -342,6 +345,7 @@ class JobManager:
                 lambda: store.update_job(
                     job_id,
                     where_status=BatchStatus.ACTIVE,
+                    where_owner=self.owner,  # not a batch another process has taken over
                     status="failed",
                     failed_at=failed_at,
                     errors=[error.model_dump(exclude_none=True)],
@@ -845,3 +849,10 @@ class Batches:
         successes to ``output`` and failures to ``errors``, or every line to ``output`` when
         ``errors`` is None. Each file is replaced atomically."""
         await self._manager().export(batch_id, output, errors)
+
+
+def _lease_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or a task group's group holds) :class:`LeaseLostError`."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(LeaseLostError) is not None
+    return isinstance(exc, LeaseLostError)

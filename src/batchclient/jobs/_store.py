@@ -470,9 +470,17 @@ class Store:
         rows = self.db.all(sql + (f" LIMIT {int(limit)}" if limit else ""), args)
         return [_job(record(JobRow, r)) for r in rows]
 
-    def update_job(self, job_id: str, *, where_status: Iterable[str] = (), **fields: Any) -> bool:
-        """Set ``fields``; with ``where_status``, only if the job is in one of those states.
-        Returns whether the job was updated."""
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        where_status: Iterable[str] = (),
+        where_owner: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Set ``fields``; with ``where_status``, only if the job is in one of those states;
+        with ``where_owner``, only if its lease is free or that owner's. Returns whether the job
+        was updated."""
         sets = ", ".join(f"{k} = ?" for k in fields)
         args: list[Any] = [_encode(k, v) for k, v in fields.items()]
         sql = f"UPDATE jobs SET {sets} WHERE id = ?"
@@ -481,6 +489,9 @@ class Store:
         if states:
             sql += f" AND status IN ({', '.join('?' for _ in states)})"
             args += states
+        if where_owner is not None:
+            sql += " AND (owner IS NULL OR owner = ?)"
+            args.append(where_owner)
         return self.db.write(sql, args) > 0
 
     def active_jobs(self) -> list[JobRow]:
