@@ -420,6 +420,7 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
             )
             return
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
+        ended: dict[str, Any] = {stamp[outcome]: now()}
         await to_thread.run_sync(
             lambda: store.update_job(
                 job_id,
@@ -427,7 +428,7 @@ async def finalize(store: Store, job_id: str, outcome: str) -> None:
                 status=outcome,
                 output_file_id=output_id,
                 error_file_id=error_id,
-                **{stamp[outcome]: now()},
+                **ended,
             )
         )
 
