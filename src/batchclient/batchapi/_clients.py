@@ -19,9 +19,17 @@ class _RemoteBatchClient(BatchClient):
     provider: RemoteBatchProvider
 
     def __init__(
-        self, provider: RemoteBatchProvider, state_dir: str | os.PathLike[str] | None
+        self,
+        provider: RemoteBatchProvider,
+        state_dir: str | os.PathLike[str] | None,
+        database: str | None = None,
     ) -> None:
-        super().__init__(provider, state_dir=state_dir, execution=RemoteBatchExecution(provider))
+        super().__init__(
+            provider,
+            state_dir=state_dir,
+            execution=RemoteBatchExecution(provider),
+            database=database,
+        )
 
     @property
     def base_url(self) -> str:
@@ -42,6 +50,8 @@ class BatchAPIBatchInference(_RemoteBatchClient):
         api_key: sent as ``Authorization: Bearer <api_key>``; None sends no header.
         state_dir: where files, jobs, remote batch ids and results are kept (default
             ``$BATCHCLIENT_STATE_DIR`` or the user data directory).
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
         options: the options below (:class:`BatchAPIOptions`).
 
     Raises:
@@ -54,10 +64,11 @@ class BatchAPIBatchInference(_RemoteBatchClient):
         *,
         api_key: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        database: str | None = None,
         **options: Unpack[BatchAPIOptions],
     ) -> None:
         provider = RemoteBatchProvider.batch_api(base_url, api_key=api_key, **options)
-        super().__init__(provider, state_dir)
+        super().__init__(provider, state_dir, database)
 
 
 @document(AnthropicBatchOptions)
@@ -73,6 +84,8 @@ class AnthropicBatchInference(_RemoteBatchClient):
             ``https://api.anthropic.com``): a gateway, or a test stub.
         api_key: the API key (default ``$ANTHROPIC_API_KEY``).
         state_dir: where files, jobs, remote batch ids and results are kept.
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
         options: the options below (:class:`AnthropicBatchOptions`).
 
     Raises:
@@ -85,10 +98,11 @@ class AnthropicBatchInference(_RemoteBatchClient):
         *,
         api_key: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        database: str | None = None,
         **options: Unpack[AnthropicBatchOptions],
     ) -> None:
         provider = RemoteBatchProvider.anthropic(base_url, api_key=api_key, **options)
-        super().__init__(provider, state_dir)
+        super().__init__(provider, state_dir, database)
 
 
 @document(GeminiBatchOptions)
@@ -104,6 +118,8 @@ class GeminiBatchInference(_RemoteBatchClient):
             gateway, or a loopback stub in tests.
         api_key: the Gemini API key; default ``$GEMINI_API_KEY``, else ``$GOOGLE_API_KEY``.
         state_dir: where files, jobs, remote batch ids and results are kept.
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
         options: the options below (:class:`GeminiBatchOptions`).
 
     Raises:
@@ -116,7 +132,8 @@ class GeminiBatchInference(_RemoteBatchClient):
         *,
         api_key: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        database: str | None = None,
         **options: Unpack[GeminiBatchOptions],
     ) -> None:
         provider = RemoteBatchProvider.gemini(base_url, api_key=api_key, **options)
-        super().__init__(provider, state_dir)
+        super().__init__(provider, state_dir, database)

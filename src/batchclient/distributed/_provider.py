@@ -526,6 +526,8 @@ class RayBatchInference(BatchClient):
         state_dir: where files, batches and results are kept (as the other clients).
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
             see :class:`~batchclient.BatchClient`).
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
         **engine_args: vLLM engine arguments for every replica, as ``VLLMBatchInference``
             (e.g. ``tensor_parallel_size=2`` shards each replica over 2 GPUs).
 
@@ -543,7 +545,8 @@ class RayBatchInference(BatchClient):
         *,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
+        database: str | None = None,
         **options: Any,
     ) -> None:
         provider = RayProvider(model, **options)
-        super().__init__(provider, state_dir=state_dir, cache=cache)
+        super().__init__(provider, state_dir=state_dir, cache=cache, database=database)

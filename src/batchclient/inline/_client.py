@@ -90,6 +90,8 @@ class VLLMBatchInference(BatchClient):
             or the user data directory); jobs there resume with a client on the same model.
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
             see :class:`~batchclient.BatchClient`).
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
         **engine_args: vLLM engine arguments (``vllm.AsyncEngineArgs`` fields), e.g.
             ``max_model_len``, ``dtype``, ``tensor_parallel_size``,
             ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``served_model_name``,
@@ -126,10 +128,11 @@ class VLLMBatchInference(BatchClient):
         *,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
+        database: str | None = None,
         **options: Any,
     ) -> None:
         provider = VLLMProvider(model, **options)
-        super().__init__(provider, state_dir=state_dir, cache=cache)
+        super().__init__(provider, state_dir=state_dir, cache=cache, database=database)
 
 
 class VLLMProvider(Provider):

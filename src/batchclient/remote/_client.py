@@ -89,6 +89,8 @@ class RemoteBatchInference(BatchClient):
             resume with a client on the same ``base_url``.
         cache: use the result cache in ``state_dir`` for every call and batch (default False;
             see :class:`~batchclient.BatchClient`).
+        database: a ``postgresql://`` URL keeping the state there instead of ``state_dir``
+            (default ``$BATCHCLIENT_DATABASE_URL``; see :class:`~batchclient.BatchClient`).
 
     Raises:
         ConfigurationError: a bad argument (e.g. ``AdaptiveConcurrency(minimum=...)`` above
@@ -105,10 +107,11 @@ class RemoteBatchInference(BatchClient):
         api_key: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         cache: bool = False,
+        database: str | None = None,
         **options: Unpack[RemoteOptions],
     ) -> None:
         provider = RemoteProvider(base_url, api_key=api_key, **options)
-        super().__init__(provider, state_dir=state_dir, cache=cache)
+        super().__init__(provider, state_dir=state_dir, cache=cache, database=database)
 
     @property
     def base_url(self) -> str:
