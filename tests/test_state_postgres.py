@@ -6,6 +6,7 @@ a commit for a lease taken over is refused."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -16,12 +17,14 @@ import httpx
 import pytest
 
 from batchclient import BatchClient
-from batchclient._state import Database, bind
+from batchclient._state import DATABASE_ENV, Database, bind
 from batchclient.jobs._store import LeaseLostError, ResultRow, Store
 from batchclient.server._webhooks import Outbox
 from batchclient.testing import StubServer
 from jobs_util import FAST, jsonl, line
 from server_util import KEY_A, KEY_B, batch_file, sdk, served, wait_batch
+
+pytestmark = pytest.mark.slow  # a PostgreSQL server per pytest process (about 3 s)
 
 
 async def test_a_batch_made_in_one_state_dir_is_read_whole_from_another(
@@ -201,3 +204,56 @@ def test_a_broken_connection_is_made_again(tmp_path: Path, pg_url: str) -> None:
         assert db.one("SELECT pg_backend_pid()")[0] != pid
     finally:
         db.close()
+
+
+def test_the_commands_take_database_and_see_each_others_jobs(
+    stub: StubServer, tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``batchclient run --database URL`` on one state directory; ``batchclient jobs list`` and
+    ``jobs result`` with the same URL on another find the job and its answers."""
+    from batchclient.cli import main
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(jsonl([line(f"q{i}", f"question {i}") for i in range(5)]))
+    try:
+        code = main(["run", str(inp), "-o", str(out), "--base-url", stub.url, "--no-progress",
+                     "--state-dir", str(tmp_path / "a"), "--database", pg_url])  # fmt: skip
+        assert code == 0
+        capsys.readouterr()
+        other = ["--state-dir", str(tmp_path / "b"), "--database", pg_url]
+        assert main(["jobs", "list", *other]) == 0
+        listed = capsys.readouterr().out
+        (job_id,) = {w for w in listed.split() if w.startswith("batch_")}
+        again = tmp_path / "again.jsonl"
+        assert main(["jobs", "result", job_id, "-o", str(again), *other]) == 0
+    finally:
+        os.environ.pop(DATABASE_ENV, None)  # the flag sets it for the command's process
+    assert "completed" in listed
+    answers = [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
+    assert answers == [f"q{i}" for i in range(5)]
+    assert again.read_text() == out.read_text()
+    assert not (tmp_path / "b" / "batchclient.sqlite3").exists()
+
+
+async def test_the_result_cache_is_shared_through_the_database(
+    stub: StubServer, tmp_path: Path, pg_url: str
+) -> None:
+    """Answers cached by a client on one machine's state directory answer a client on
+    another: nothing is sent again."""
+    from batchclient import SamplingParams
+
+    messages = [[{"role": "user", "content": f"cache me {i}"}] for i in range(6)]
+    greedy = SamplingParams(max_tokens=8)
+    async with BatchClient(
+        _remote(stub), state_dir=tmp_path / "a", database=pg_url, cache=True
+    ) as first:
+        answered = await first.batch_chat_completion("smollm2", messages, greedy)
+    sent = stub.stats.requests
+    async with BatchClient(
+        _remote(stub), state_dir=tmp_path / "b", database=pg_url, cache=True
+    ) as second:
+        again = await second.batch_chat_completion("smollm2", messages, greedy)
+    assert stub.stats.requests == sent  # every answer came from the shared cache
+    assert [r.completion_message.content for r in again.batch] == [
+        r.completion_message.content for r in answered.batch
+    ]

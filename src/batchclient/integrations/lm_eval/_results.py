@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..._state import bind, database_url
 from ...cache import ResultCache
 from ...jobs._store import DB_NAME
 
@@ -43,6 +44,9 @@ class Answers:
     lm-eval's thread, written from the client's event loop."""
 
     def __init__(self, state_dir: Path) -> None:
+        url = database_url(None)
+        if url is not None:  # the client's shared database, opened before or after this
+            bind(state_dir, url)
         self._cache = ResultCache(state_dir / DB_NAME)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
