@@ -185,6 +185,7 @@ async def test_byte_packing_fills_parts_under_max_bytes(tmp_path: Path) -> None:
     assert stub.stats.creates == 3  # about 400 bytes a request: 5 + 5 + 2
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_only_retryable_errors_are_resubmitted(tmp_path: Path) -> None:
     texts = ["ok0", "BAD1", "BUSY2", "ok3", "BUSY4"]
     with AnthropicBatchStub(error_match="BAD", overload_match="BUSY") as stub:

@@ -204,6 +204,7 @@ async def test_stuck_batch_is_cancelled_on_job_cancel_keeping_nothing_twice(
     assert stub.stats.creates == 1
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_stuck_batch_past_the_window_expires(tmp_path: Path) -> None:
     with GeminiBatchStub(api_key=KEY, stuck=True) as stub:
         async with client(stub, tmp_path, completion_window="1s", expiry_grace_s=0) as c:

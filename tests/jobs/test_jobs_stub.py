@@ -343,6 +343,7 @@ async def test_server_killed_after_5_completions_keeps_finished_results(
         assert row["error"]["message"]
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_expiry_keeps_finished_results(tmp_path: Path) -> None:
     """A 2-second window over 50 requests of 0.3 s, 4 at a time (curator #226: expiry lost
     the finished results)."""

@@ -46,6 +46,7 @@ def refusing_flex(for_s: float) -> Any:
     return handle
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_flex_refusals_for_two_seconds_are_waited_out() -> None:
     with StubServer(handler=refusing_flex(2.0), record_bodies=True) as stub:
         async with RemoteBatchInference(

@@ -158,6 +158,7 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     assert paced >= min(30, 0.75 * can_send), (paced, can_send)
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
     """The control for the test above: the same quota, not announced."""
     with StubServer(latency_s=0.03, quota=(40, 0.5), quota_headers=False) as stub:

@@ -31,6 +31,7 @@ async def test_a_max_in_flight_limit_works_alone() -> None:
     assert 0.95 <= elapsed < 2.0  # 10 rounds of 0.1 s, no rate-limit waits
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_rpm_holds_across_concurrent_calls_on_one_client() -> None:
     """rpm=10 per 1 s period, shared by two concurrent calls of 15: the bucket starts full (a
     burst of 10), then lets 10 per second through: 30 requests take about 2 s (litellm #5783:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import pytest
 
 from batchclient import RemoteBatchInference
 from batchclient.remote import Ejection, RetryPolicy
@@ -64,6 +65,7 @@ async def test_a_refusing_replica_beside_a_serving_one_costs_no_item() -> None:
     assert refused.ejected and refused.sent <= 4  # at most the first window's share
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_a_server_that_restarts_is_waited_for() -> None:
     """A server that answered, then refuses while it restarts on the same port: its requests
     are retried (after the ejection) and answered once it is back."""

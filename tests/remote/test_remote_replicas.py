@@ -93,6 +93,7 @@ async def test_all_endpoints_down_gives_clear_errors_fast() -> None:
         assert "127.0.0.1" in item.error.message
 
 
+@pytest.mark.slow  # seconds of waiting: the full suite runs it
 async def test_per_endpoint_limits_and_least_loaded_spread() -> None:
     """A small replica (at most 2 in flight) beside a large one (6): each gets at most its own
     limit and a share of the work in proportion; a per-endpoint rpm holds for its endpoint."""
