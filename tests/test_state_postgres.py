@@ -24,7 +24,8 @@ from batchclient.testing import StubServer
 from jobs_util import FAST, jsonl, line
 from server_util import KEY_A, KEY_B, batch_file, sdk, served, wait_batch
 
-pytestmark = pytest.mark.slow  # a PostgreSQL server per pytest process (about 3 s)
+# a PostgreSQL server per pytest process (about 3 s); a stub slow enough to kill a run mid-file
+pytestmark = [pytest.mark.slow, pytest.mark.stub(latency_s=0.05)]
 
 
 async def test_a_batch_made_in_one_state_dir_is_read_whole_from_another(
@@ -257,3 +258,46 @@ async def test_the_result_cache_is_shared_through_the_database(
     texts = [[r.completion_message and r.completion_message.content for r in x.batch]
              for x in (answered, again)]  # fmt: skip
     assert texts[0] == texts[1] and all(texts[0])
+
+
+def test_a_run_killed_on_one_machine_is_finished_from_another(
+    stub: StubServer, tmp_path: Path, pg_url: str
+) -> None:
+    """``batchclient run --database URL`` SIGKILLed mid-file; the same command from another
+    state directory (another machine, as far as the files go) takes the job over and finishes
+    it: every custom_id once, nothing finished sent again but what was in flight."""
+    import signal
+    import subprocess
+    import sys
+
+    from batchclient.cli import main
+    from jobs_util import wait_sync
+
+    n, window = 300, 8
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([line(f"q{i}", f"question {i}") for i in range(n)]))
+    before = stub.stats.requests
+    args = ["run", str(inp), "--base-url", stub.url, "--no-progress", "--database", pg_url,
+            "--max-concurrency", str(window)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "batchclient.cli", *args, "-o", str(tmp_path / "a.jsonl"),
+         "--state-dir", str(tmp_path / "a")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_sync(lambda: stub.stats.requests - before >= 100, timeout=60, every=0.01)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    sent_by_first = stub.stats.requests - before
+    out = tmp_path / "b.jsonl"
+    try:
+        code = main([*args, "-o", str(out), "--state-dir", str(tmp_path / "b")])
+    finally:
+        os.environ.pop(DATABASE_ENV, None)
+    assert code == 0
+    ids = [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
+    assert ids == [f"q{i}" for i in range(n)]
+    assert 100 <= sent_by_first < n
+    assert stub.stats.requests - before <= n + window  # only what was in flight, again
