@@ -398,7 +398,10 @@ class _PgConnection:
         cursor.executemany(_translate(sql, True), [tuple(a) for a in args])
         return cursor
 
-    def begin(self) -> None:
+    def begin(self, *, exclusive: bool = True) -> None:
+        if not exclusive:
+            self._live().execute("BEGIN")
+            return
         # one round trip (the simple query protocol takes both statements)
         self._live().execute(f"BEGIN; SELECT pg_advisory_xact_lock({int(self.lock_key)})")
 
@@ -458,12 +461,15 @@ class Database:
         return f"{_without_password(self.shared.url)} (schema {self.shared.schema})"
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self, *, exclusive: bool = True) -> Iterator[Any]:
         """One write transaction (``ROLLBACK`` on error), holding the lock: SQLite's
-        ``BEGIN IMMEDIATE``, or PostgreSQL's ``BEGIN`` and the schema's write lock."""
+        ``BEGIN IMMEDIATE``, or PostgreSQL's ``BEGIN`` and the schema's write lock.
+        ``exclusive=False``: without that lock on PostgreSQL, for a transaction that only
+        inserts rows nothing reads before it commits (a new file's bytes: a long transaction
+        that would hold every other writer up)."""
         with self.lock:
             if isinstance(self.conn, _PgConnection):
-                self.conn.begin()
+                self.conn.begin(exclusive=exclusive)
             else:
                 self.conn.execute("BEGIN IMMEDIATE")
             try:

@@ -330,8 +330,9 @@ class Store:
 
     def add_file(self, record: FileObject, sha256: str) -> None:
         """Record a file whose bytes are at :meth:`file_path` (and, in a shared database,
-        store them there in the same transaction)."""
-        with self.db.transaction() as db:
+        store them there in the same transaction: one that inserts a new id only, so it runs
+        beside other writers, not before them)."""
+        with self.db.transaction(exclusive=False) as db:
             db.execute(
                 "INSERT INTO files (id, filename, bytes, created_at, purpose, sha256, "
                 "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -364,6 +365,8 @@ class Store:
             self._drop_expired(file_id)
             row = None
         if row is None:
+            if self.shared:  # deleted through another process: drop this one's copy too
+                (self.files_dir / file_id).unlink(missing_ok=True)
             raise FileNotFoundInStoreError(f"no file {file_id!r} in {self.state_dir}")
         return _file(row)
 
