@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -62,6 +63,22 @@ def serve(base_url: str, state: Path, *extra: str) -> Iterator[tuple[str, subpro
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_batch(client: Any, inp: Path, n: int, poll_s: float = 0.25) -> bytes:
+    """Through the openai SDK ``client``: upload ``inp``, create a chat batch, poll it every
+    ``poll_s`` until it ends, check that it completed its ``n`` lines; the output file."""
+    with inp.open("rb") as f:
+        upload = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        time.sleep(poll_s)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.output_file_id, batch
+    assert batch.request_counts is not None and batch.request_counts.completed == n, batch
+    return bytes(client.files.content(batch.output_file_id).read())
 
 
 def add_src_options(p: argparse.ArgumentParser) -> None:

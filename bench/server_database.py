@@ -34,7 +34,7 @@ from typing import Any
 import openai
 
 from _jobs_common import save, stub_process, write_input
-from _server_common import serve
+from _server_common import run_batch, serve
 from batchclient.testing import PostgresServer
 
 POLL_S = 0.25
@@ -44,17 +44,7 @@ SERVE_ARGS = ("--max-concurrency", "64")
 def one_batch(client: openai.OpenAI, inp: Path, n: int) -> float:
     """Seconds from the upload to the downloaded output of one batch."""
     started = time.perf_counter()
-    with inp.open("rb") as f:
-        upload = client.files.create(file=f, purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    while batch.status not in ("completed", "failed", "cancelled", "expired"):
-        time.sleep(POLL_S)
-        batch = client.batches.retrieve(batch.id)
-    assert batch.status == "completed" and batch.output_file_id, batch
-    assert batch.request_counts is not None and batch.request_counts.completed == n, batch
-    client.files.content(batch.output_file_id).read()
+    run_batch(client, inp, n, POLL_S)
     return time.perf_counter() - started
 
 

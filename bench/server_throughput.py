@@ -41,7 +41,7 @@ import openai
 import psutil
 
 from _jobs_common import child_env, save, stub_process, write_input
-from _server_common import serve
+from _server_common import run_batch, serve
 
 POLL_S = 0.25  # what `batchclient run` polls at
 MODES = ("run", "server", "fresh_server")
@@ -80,18 +80,8 @@ def time_server(
     SDK client) spend."""
     cpu_started = _cpu(server) + _own_cpu()
     started = time.perf_counter()
-    with inp.open("rb") as f:
-        upload = client.files.create(file=f, purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    while batch.status not in ("completed", "failed", "cancelled", "expired"):
-        time.sleep(POLL_S)
-        batch = client.batches.retrieve(batch.id)
-    assert batch.status == "completed" and batch.output_file_id, batch
-    out.write_bytes(client.files.content(batch.output_file_id).read())
+    out.write_bytes(run_batch(client, inp, n, POLL_S))
     took = time.perf_counter() - started
-    assert batch.request_counts is not None and batch.request_counts.completed == n, batch
     return took, _cpu(server) + _own_cpu() - cpu_started
 
 
