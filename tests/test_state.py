@@ -152,7 +152,7 @@ def test_a_database_made_before_schema_versions_opens_with_its_data(
     keys = IdempotencyKeys(state)
     assert keys.lookup("key-1", "body") == "batch_1"
     keys.close()
-    assert versions(state / DB_NAME) == {"jobs": 8, "batchapi": 2, "result_cache": 1}
+    assert versions(state / DB_NAME) == {"jobs": 9, "batchapi": 2, "result_cache": 1}
     assert versions(state / "server.sqlite3") == {"idempotency": 1}
     Store(state).close()  # opening again applies nothing and loses nothing
     assert Store(state).get_job("batch_1").request_counts.completed == 3

@@ -82,7 +82,7 @@ def test_migrations_run_once_whoever_starts_first(tmp_path: Path, pg_url: str) -
         t.join()
     assert errors == [] and len(stores) == 8
     rows = stores[0].db.all("SELECT name, version FROM schema_versions ORDER BY name")
-    assert [(r["name"], r["version"]) for r in rows] == [("file_bytes", 1), ("jobs", 8)]
+    assert [(r["name"], r["version"]) for r in rows] == [("file_bytes", 1), ("jobs", 9)]
     for store in stores:
         store.close()
 

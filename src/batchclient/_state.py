@@ -501,6 +501,12 @@ class Database:
         with self.transaction() as db:
             return int(db.execute(sql, tuple(args)).rowcount)
 
+    def write_returning(self, sql: str, args: Iterable[Any] = ()) -> Any:
+        """Run one statement ending in ``RETURNING`` in its own transaction; its first row (None
+        when it changed no row)."""
+        with self.transaction() as db:
+            return db.execute(sql, tuple(args)).fetchone()
+
     def ping(self) -> None:
         """Raise unless the database answers (a broken PostgreSQL connection reconnects)."""
         self.one("SELECT 1")

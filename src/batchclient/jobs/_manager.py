@@ -76,7 +76,7 @@ from ._lease import LeaseTimes, OwnerLock, new_owner, owner_gone, sweep_owner_lo
 from ._output import iter_output_lines, response_for, write_lines
 from ._progress import ProgressTracker
 from ._recovery import failure_of, late_result, reopen
-from ._runner import JobRunner, RunningJob, finalize, parse_window, run_job
+from ._runner import JobRunner, RunningJob, finalize, help_run, parse_window, run_job
 from ._store import DB_NAME, KERNEL, JobRow, LeaseLostError, Store, default_state_dir, now
 
 logger = logging.getLogger("batchclient.jobs")
@@ -100,6 +100,10 @@ _STATUS_MAP = {
     "expired": JobStatus.failed,
     "cancelled": JobStatus.cancelled,
 }
+
+
+HELP_AGAIN_S = 30.0
+"""After a helping pass that found no free block of a batch, how long before another."""
 
 
 class JobManager:
@@ -151,6 +155,9 @@ class JobManager:
         self._host: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
         self._running: dict[str, RunningJob] = {}
+        self._helping: dict[str, RunningJob] = {}
+        """Batches of other processes this one helps run (a shared database)."""
+        self._idle_help: dict[str, float] = {}
         self._progress = ProgressTracker()
         self.recovered: list[str] = []
         """The batches this manager took back up from a process that ended: those found on
@@ -215,6 +222,7 @@ class JobManager:
         if self._store is None:
             store = await to_thread.run_sync(Store, self.state_dir)
             store.owner = self.owner
+            store.lease_s = self.lease_times.lease_s
             # before any lease is taken: a row never names an owner without its lock (a lock
             # file in this state directory says nothing to processes of a shared database)
             if not store.shared and await to_thread.run_sync(self._lock.acquire):
@@ -273,23 +281,64 @@ class JobManager:
     async def _resume_orphans(self) -> None:
         store = await self.store()
         for row in await to_thread.run_sync(store.active_jobs):
-            if row.id in self._running or row.id in self._unrecorded:
-                continue
+            if row.id in self._running or row.id in self._unrecorded or row.id in self._helping:
+                continue  # (a batch helped here is taken over, if need be, once the pass ends)
             mine = row.identity == self._identity
             if not mine and row.status not in ("finalizing", "cancelling"):
                 continue  # another provider's job: it resumes with a client like the one it ran on
-            if await to_thread.run_sync(self._orphaned, row) and await to_thread.run_sync(
-                store.claim, row.id, self.owner, row.owner
-            ):
-                silent = time.time() - (row.heartbeat_at or 0.0)
-                logger.info(
-                    "taking up batch %s (its owner %s is gone; last heartbeat %.1f s ago)",
-                    row.id,
-                    row.owner,
-                    silent,
-                )
-                self._start(row.id)
-                self.recovered.append(row.id)
+            if await to_thread.run_sync(self._orphaned, row):
+                if await to_thread.run_sync(store.claim, row.id, self.owner, row.owner):
+                    silent = time.time() - (row.heartbeat_at or 0.0)
+                    logger.info(
+                        "taking up batch %s (its owner %s is gone; last heartbeat %.1f s ago)",
+                        row.id,
+                        row.owner,
+                        silent,
+                    )
+                    if row.owner is not None and store.shared:  # its blocks are free at once
+                        await to_thread.run_sync(store.release_blocks, row.id, row.owner)
+                    self._start(row.id)
+                    self.recovered.append(row.id)
+            elif mine and row.status == "in_progress" and self._may_help(store, row.id):
+                self._help(row.id)
+
+    def _may_help(self, store: Store, job_id: str) -> bool:
+        """Whether to help run another live process's batch here: in a shared database, with
+        the default runner, not already, and not within :data:`HELP_AGAIN_S` of a pass that
+        found nothing to run."""
+        return (
+            store.shared
+            and self._runner is None
+            and self._provider is not None
+            and job_id not in self._helping
+            and time.monotonic() - self._idle_help.get(job_id, -HELP_AGAIN_S) >= HELP_AGAIN_S
+        )
+
+    def _help(self, job_id: str) -> None:
+        assert self._tg is not None
+        running = RunningJob(job_id)
+        self._helping[job_id] = running
+        self._tg.start_soon(self._help_run, running)
+
+    async def _help_run(self, running: RunningJob) -> None:
+        """One helping pass over another process's batch (blocks nobody holds); it never
+        finishes or fails the batch, which stays its owner's."""
+        store, job_id = self._store, running.job_id
+        assert store is not None and self._provider is not None
+        ran = True
+        try:
+            row = await to_thread.run_sync(store.job_row, job_id)
+            cached = bool(self.cache if row.cache is None else row.cache)
+            provider = await self.cached_provider() if cached else self._provider
+            with running.scope:
+                ran = await help_run(store, provider, job_id, self.owner)
+        except Exception as exc:  # its owner runs the batch on: never fail it from here
+            if not _lease_lost(exc):
+                logger.warning("batch %s: helping its owner stopped: %s", job_id, exc)
+        finally:
+            if not ran:
+                self._idle_help[job_id] = time.monotonic()
+            self._helping.pop(job_id, None)
 
     def _start(self, job_id: str) -> None:
         assert self._tg is not None and self._provider is not None
@@ -372,6 +421,15 @@ class JobManager:
                 if status == "cancelling" and running is not None:
                     running.cancel_requested = True
                     running.scope.cancel()
+            if read and self._helping:  # a helped batch that ends or is cancelled: stop
+                try:
+                    states = await to_thread.run_sync(store.statuses, list(self._helping))
+                except STORAGE_ERRORS:
+                    states = {}
+                for job_id, status in states.items():
+                    helper = self._helping.get(job_id)
+                    if helper is not None and status != "in_progress":
+                        helper.scope.cancel()
             if read:
                 for job_id, running in list(self._running.items()):
                     if job_id not in held and not running.lease_lost:

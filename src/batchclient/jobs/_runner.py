@@ -56,6 +56,8 @@ _FEW_MERGED = 64
 are written after it in a worker thread, :data:`_MERGED_CHUNK` per transaction, so that one
 request with a million copies neither holds their rows in memory nor stalls the loop."""
 _MERGED_CHUNK = 2000
+SHARED_POLL_S = 1.0
+"""How often the owner of a shared job looks again for blocks other processes hold."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,22 @@ class RequestSource:
     a resumed job skips what is done."""
 
     def __init__(
-        self, store: Store, job_id: str, path: Path, endpoint: Endpoint = Endpoint.chat_completions
+        self,
+        store: Store,
+        job_id: str,
+        path: Path,
+        endpoint: Endpoint = Endpoint.chat_completions,
+        claim: Callable[[int], bool] | None = None,
     ) -> None:
         self._store = store
         self._job_id = job_id
         self._endpoint = endpoint
+        self._claim = claim
+        self.skipped: list[int] = []
+        """Blocks with unfinished lines that another process holds (with ``claim``)."""
+        self.block_of: dict[int, int] = {}
+        """``{seq of a request handed out: its block}`` (with ``claim``); the job pops an entry
+        when that request's result arrives."""
         self._file: IO[bytes] = path.open("rb")
         self._lines: Iterator[RequestLine] = iter_requests(self._file)
         self._buffer: list[Request] = []
@@ -135,12 +148,20 @@ class RequestSource:
             lo, hi = block[0].seq, block[-1].seq
             done = self._store.finished_seqs(self._job_id, lo, hi)
             marks = self._store.job_lines(self._job_id, lo, hi)
-            merged = self._store.merged_into(self._job_id, lo, hi, _FEW_MERGED)
-            todo = []
-            for r in block:
-                same_as, repeat = marks.get(r.seq, (None, 0))
-                if r.seq in done or same_as is not None:  # merged: answered with its line
+            # merged: answered with its line
+            unsent = [
+                r for r in block if r.seq not in done and marks.get(r.seq, (None, 0))[0] is None
+            ]
+            if unsent and self._claim is not None:
+                # the block's first seq names it alike in every process reading the file
+                if not self._claim(lo):
+                    self.skipped.append(lo)
                     continue
+                self.block_of.update((r.seq, lo) for r in unsent)
+            merged = self._store.merged_into(self._job_id, lo, hi, _FEW_MERGED) if unsent else {}
+            todo = []
+            for r in unsent:
+                _, repeat = marks.get(r.seq, (None, 0))
                 request = request_for(r.seq, r.custom_id, r.body, self._endpoint)
                 request.repeat = repeat
                 if r.seq in merged:
@@ -163,12 +184,16 @@ class GroupCommit:
         self._job_id = job_id
         self._running = running  # its origin is set at the first commit
         self._rows: list[ResultRow] = []
+        self._blocks: set[int] = set()
         self._committed = anyio.Event()
         self._busy = False
 
-    async def put(self, rows: list[ResultRow]) -> None:
-        """Queue ``rows`` (committed in one transaction); return once they are durable."""
+    async def put(self, rows: list[ResultRow], block: int | None = None) -> None:
+        """Queue ``rows`` (committed in one transaction); return once they are durable.
+        ``block``: the block lease they were sent under, checked by the commit."""
         self._rows.extend(rows)
+        if block is not None:
+            self._blocks.add(block)
         if self._busy:  # the current committer takes this row in its next transaction
             await self._committed.wait()
             return
@@ -182,28 +207,28 @@ class GroupCommit:
                     continue
                 # a shared database is round trips away: commit off the loop, and what
                 # finishes meanwhile joins the next transaction
-                rows, event = self._take()
-                await to_thread.run_sync(self._write, rows)
+                rows, blocks, event = self._take()
+                await to_thread.run_sync(self._write, rows, blocks)
                 event.set()
         finally:
             self._busy = False
 
-    def _take(self) -> tuple[list[ResultRow], anyio.Event]:
-        rows, event = self._rows, self._committed
-        self._rows, self._committed = [], anyio.Event()
-        return rows, event
+    def _take(self) -> tuple[list[ResultRow], set[int], anyio.Event]:
+        rows, blocks, event = self._rows, self._blocks, self._committed
+        self._rows, self._blocks, self._committed = [], set(), anyio.Event()
+        return rows, blocks, event
 
     def _commit(self) -> None:
         # In the event loop, not a worker thread: a WAL commit without fsync takes ~0.1 ms,
         # while a thread hop waits for the GIL (up to its 5 ms switch interval) with the
         # worker's slot held (bench/jobs_throughput.py measured the difference).
-        rows, event = self._take()
-        self._write(rows)
+        rows, blocks, event = self._take()
+        self._write(rows, blocks)
         event.set()
 
-    def _write(self, rows: list[ResultRow]) -> None:
+    def _write(self, rows: list[ResultRow], blocks: set[int]) -> None:
         if rows:
-            self._store.commit_results(self._job_id, rows)
+            self._store.commit_results(self._job_id, rows, blocks)
             if self._running is not None and self._running.origin is None:
                 job = self._store.job_row(self._job_id)
                 self._running.origin = (time.time(), job.completed + job.failed)
@@ -256,7 +281,10 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
         if row.status == "validating" and not await validate_job(store, provider, job_id):
             return
         if row.status in ("validating", "in_progress"):
-            await run_unfinished(store, provider, job_id, row, running)
+            if store.shared and store.owner is not None:
+                await run_shared(store, provider, job_id, row, running, store.owner)
+            else:
+                await run_unfinished(store, provider, job_id, row, running)
     if running.lease_lost:
         raise LeaseLostError(job_id, store.owner or "this process")
     row = await to_thread.run_sync(store.job_row, job_id)
@@ -327,15 +355,66 @@ async def validate_job(store: Store, provider: Provider, job_id: str) -> bool:
     return True
 
 
-async def run_unfinished(
-    store: Store, provider: Provider, job_id: str, row: Any, running: RunningJob | None = None
+async def run_shared(
+    store: Store, provider: Provider, job_id: str, row: Any, running: RunningJob, owner: str
 ) -> None:
+    """:func:`run_unfinished` for the owner of a job in a database shared by processes that
+    help run it (:func:`help_run`): the lines go a block lease at a time, and the owner goes
+    over the file again, every :data:`SHARED_POLL_S`, until no block with an unfinished line
+    is held by another process (its holder finished it, or went silent for the lease and the
+    owner took it)."""
+
+    def claim(block: int) -> bool:
+        return store.claim_block(job_id, block, owner, store.lease_s)
+
+    try:
+        while True:
+            if not await run_unfinished(store, provider, job_id, row, running, claim=claim):
+                return
+            await anyio.sleep(SHARED_POLL_S)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(store.release_blocks, job_id, owner)
+
+
+async def help_run(store: Store, provider: Provider, job_id: str, owner: str) -> bool:
+    """Run the lines of another process's job whose blocks nobody holds, one pass over its
+    file, under block leases for ``owner``; finishing the job stays its owner's. Whether it ran
+    any line."""
+    row = await to_thread.run_sync(store.job_row, job_id)
+    claimed: list[int] = []
+
+    def claim(block: int) -> bool:
+        held = store.claim_block(job_id, block, owner, store.lease_s)
+        if held:
+            claimed.append(block)
+        return held
+
+    try:
+        await run_unfinished(store, provider, job_id, row, None, claim=claim)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(store.release_blocks, job_id, owner)
+    return bool(claimed)
+
+
+async def run_unfinished(
+    store: Store,
+    provider: Provider,
+    job_id: str,
+    row: Any,
+    running: RunningJob | None = None,
+    *,
+    claim: Callable[[int], bool] | None = None,
+) -> list[int]:
     """Run every request of the job (``row``: its jobs row) that has no result yet through
     ``provider.execute``, committing each result before its worker takes the next request
-    (``running``: the job's record in this process, whose ``origin`` the first commit sets)."""
+    (``running``: the job's record in this process, whose ``origin`` the first commit sets).
+    With ``claim`` (blocking: take a block's lease), only the lines of the blocks it grants;
+    returns the blocks with unfinished lines it did not grant."""
     await to_thread.run_sync(_answer_merged_lines, store, job_id)
     path = store.file_path(row.input_file_id)
-    source = RequestSource(store, job_id, path, Endpoint(row.endpoint))
+    source = RequestSource(store, job_id, path, Endpoint(row.endpoint), claim)
     writer = GroupCommit(store, job_id, running)
 
     async def on_result(request: Request, result: Result) -> None:
@@ -344,7 +423,7 @@ async def run_unfinished(
         merged = source.merged.pop(request.index, [])
         for seq, custom_id in merged or ():
             rows.append(merged_row(job_id, answered, seq, custom_id))
-        await writer.put(rows)
+        await writer.put(rows, source.block_of.pop(request.index, None))
         if merged is None:  # many: after its line's own row, a chunk per transaction
             await to_thread.run_sync(_answer_many_merged, store, job_id, answered)
 
@@ -361,6 +440,7 @@ async def run_unfinished(
             writer.flush()
         finally:
             source.close()
+    return source.skipped
 
 
 def _answer_many_merged(store: Store, job_id: str, answered: ResultRow) -> None:

@@ -126,6 +126,16 @@ CREATE INDEX IF NOT EXISTS files_created_at ON files(created_at)
         Migration(7, _token_classes),
         # output files that expire (OpenAI's output_expires_after)
         Migration(8, _expiring_files),
+        # leases of blocks of a job's lines, so processes sharing a database share a batch
+        Migration(
+            9,
+            """
+CREATE TABLE IF NOT EXISTS job_blocks(
+    job_id TEXT NOT NULL, block INTEGER NOT NULL, owner TEXT NOT NULL,
+    heartbeat_at REAL NOT NULL, PRIMARY KEY(job_id, block)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_blocks_owner ON job_blocks(owner)
+""",
+        ),
     ),
 )
 """The tables of files, jobs and results (the remote Batch API's are ``batchapi``'s own)."""
@@ -271,6 +281,8 @@ class Store:
         if self.shared:
             self.db.migrate(FILE_BYTES)
         self._opened = _file_id(state_dir / DB_NAME)
+        self.lease_s = 10.0
+        """How long a silent holder keeps a block lease (the job manager's ``lease_s``)."""
         self.owner: str | None = None
         """The lease owner results are committed for (set by the job manager): a commit for a
         job another owner has taken over is refused (:class:`LeaseLostError`)."""
@@ -515,24 +527,69 @@ class Store:
         )
 
     def heartbeat(self, owner: str) -> list[tuple[str, str]]:
-        """Refresh the leases of ``owner``; return ``(job id, status)`` of the jobs it holds."""
+        """Refresh the leases of ``owner`` (jobs, and in a shared database blocks of lines);
+        return ``(job id, status)`` of the jobs it holds."""
         with self.db.transaction() as db:
             db.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ?", (time.time(), owner))
+            if self.shared:
+                sql = "UPDATE job_blocks SET heartbeat_at = ? WHERE owner = ?"
+                db.execute(sql, (time.time(), owner))
             rows = db.execute("SELECT id, status FROM jobs WHERE owner = ?", (owner,))
             return [(str(r["id"]), str(r["status"])) for r in rows.fetchall()]
+
+    def statuses(self, job_ids: Collection[str]) -> dict[str, str]:
+        """``{job id: status}`` of those jobs."""
+        if not job_ids:
+            return {}
+        marks = ", ".join("?" * len(job_ids))
+        rows = self.db.all(f"SELECT id, status FROM jobs WHERE id IN ({marks})", tuple(job_ids))
+        return {str(r["id"]): str(r["status"]) for r in rows}
+
+    def claim_block(self, job_id: str, block: int, owner: str, lease_s: float) -> bool:
+        """Take the lease of the job's lines from ``block`` (the first ``seq`` of a block read
+        by :class:`~._runner.RequestSource`) for ``owner``, unless another owner renewed it in
+        the last ``lease_s`` seconds. Whether ``owner`` holds it now."""
+        now_s = time.time()
+        row = self.db.write_returning(
+            "INSERT INTO job_blocks (job_id, block, owner, heartbeat_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (job_id, block) DO UPDATE SET owner = excluded.owner, "
+            "heartbeat_at = excluded.heartbeat_at WHERE job_blocks.owner = excluded.owner "
+            "OR job_blocks.heartbeat_at < ? RETURNING block",
+            (job_id, block, owner, now_s, now_s - lease_s),
+        )
+        return row is not None
+
+    def release_blocks(self, job_id: str, owner: str) -> None:
+        """Free ``owner``'s block leases of the job (its run here ended or paused)."""
+        sql = "DELETE FROM job_blocks WHERE job_id = ? AND owner = ?"
+        self.db.write(sql, (job_id, owner))
 
     def release(self, job_id: str, owner: str) -> None:
         self.db.write("UPDATE jobs SET owner = NULL WHERE id = ? AND owner = ?", (job_id, owner))
 
     # ------------------------------------------------------------------ results
 
-    def commit_results(self, job_id: str, rows: list[ResultRow]) -> None:
+    def commit_results(
+        self, job_id: str, rows: list[ResultRow], blocks: Collection[int] = ()
+    ) -> None:
         """Insert finished rows (a row already there is left alone) and grow the job's request
         counts and usage by exactly the rows inserted, in one transaction. Raises
         :class:`LeaseLostError` (nothing written) when another owner than :attr:`owner` holds
-        the job's lease: a process whose lease was taken over publishes nothing more."""
+        the job's lease: a process whose lease was taken over publishes nothing more. With
+        ``blocks`` (the block leases the rows were sent under, in a shared database) those
+        leases are checked instead: processes sharing a batch each hold their own blocks."""
         ok = bad = tokens_in = tokens_out = hits = cached = written = reasoning = 0
+        fence = None if blocks else self.owner  # the job's lease, where no block's is checked
         with self.db.transaction() as db:
+            if blocks and self.owner is not None:
+                wanted = sorted(set(blocks))
+                held = db.execute(
+                    "SELECT count(*) FROM job_blocks WHERE job_id = ? AND owner = ? AND block IN "
+                    f"({', '.join('?' * len(wanted))})",
+                    (job_id, self.owner, *wanted),
+                ).fetchone()[0]
+                if held != len(wanted):
+                    raise LeaseLostError(job_id, self.owner)
             inserted = self._insert_results(db, job_id, rows)
             for row in rows:
                 if row.seq in inserted:
@@ -551,12 +608,12 @@ class Store:
                 "cache_hits = cache_hits + ?, cached_tokens = cached_tokens + ?, "
                 "cache_write_tokens = cache_write_tokens + ?, "
                 "reasoning_tokens = reasoning_tokens + ? WHERE id = ?"
-                + ("" if self.owner is None else " AND (owner IS NULL OR owner = ?)"),
+                + ("" if fence is None else " AND (owner IS NULL OR owner = ?)"),
                 (ok, bad, tokens_in, tokens_out, hits, cached, written, reasoning, job_id)
-                + (() if self.owner is None else (self.owner,)),
+                + (() if fence is None else (fence,)),
             )
-            if not counted.rowcount and self.owner is not None:
-                raise LeaseLostError(job_id, self.owner)  # rolls the inserts back
+            if not counted.rowcount and fence is not None:
+                raise LeaseLostError(job_id, fence)  # rolls the inserts back
 
     def _insert_results(self, db: Any, job_id: str, rows: list[ResultRow]) -> set[int]:
         """Insert the rows not there yet; the ``seq`` of those inserted."""
