@@ -12,6 +12,11 @@ programs, ``batchclient.testing.PostgresServer``, ``fsync=off``), on this machin
 - ``one_process`` / ``two_processes``: ``--batches`` batches of ``--n`` lines created at once,
   all on one server, or alternately on two servers sharing one database (what a load balancer
   in front of them does); the time until every batch is completed. Ratio of medians.
+- ``one_batch_one_process`` / ``one_batch_two_processes``: one batch of ``--batches`` x
+  ``--n`` lines created on the first server; the second takes blocks of its lines.
+
+The one-process rounds run before the second server starts (a running second server helps
+with every batch), so those two pairs are measured one after the other, not alternately.
 
 Every process of the run shares this machine's cores: the stub, the servers, PostgreSQL and the
 SDK clients. Two servers can only beat one by the cores left idle by one.
@@ -79,7 +84,15 @@ def sdk(url: str) -> openai.OpenAI:
 
 def measure(n: int, repeats: int, batches: int) -> dict[str, Any]:
     wall: dict[str, list[float]] = {
-        m: [] for m in ("sqlite", "postgres", "one_process", "two_processes")
+        m: []
+        for m in (
+            "sqlite",
+            "postgres",
+            "one_process",
+            "two_processes",
+            "one_batch_one_process",
+            "one_batch_two_processes",
+        )
     }
     with (
         tempfile.TemporaryDirectory() as name,
@@ -88,6 +101,7 @@ def measure(n: int, repeats: int, batches: int) -> dict[str, Any]:
     ):
         tmp = Path(name)
         inp = write_input(tmp / "in.jsonl", n, max_tokens=8)
+        big = write_input(tmp / "big.jsonl", n * batches, max_tokens=8)
         database = pg.database()
         pg_args = ("--database", database, *SERVE_ARGS)
         with (
@@ -98,12 +112,17 @@ def measure(n: int, repeats: int, batches: int) -> dict[str, Any]:
             for r in range(repeats):
                 for mode in ("sqlite", "postgres")[:: 1 if r % 2 == 0 else -1]:
                     wall[mode].append(one_batch(clients[mode], inp, n))
+            # the second server is not running yet: one process does everything
+            for _ in range(repeats):
+                wall["one_process"].append(many_batches([clients["postgres"]], inp, n, batches))
+                took = one_batch(clients["postgres"], big, n * batches)
+                wall["one_batch_one_process"].append(took)
             with serve(stub, tmp / "pg2", *pg_args) as (pg2_url, _):
                 pair = [clients["postgres"], sdk(pg2_url)]
-                for r in range(repeats):
-                    for mode in ("one_process", "two_processes")[:: 1 if r % 2 == 0 else -1]:
-                        used = pair[:1] if mode == "one_process" else pair
-                        wall[mode].append(many_batches(used, inp, n, batches))
+                for _ in range(repeats):
+                    wall["two_processes"].append(many_batches(pair, inp, n, batches))
+                    took = one_batch(clients["postgres"], big, n * batches)
+                    wall["one_batch_two_processes"].append(took)
     median = {m: statistics.median(v) for m, v in wall.items()}
     return {
         "n": n,
@@ -114,9 +133,13 @@ def measure(n: int, repeats: int, batches: int) -> dict[str, Any]:
             "postgres": n / median["postgres"],
             "one_process": batches * n / median["one_process"],
             "two_processes": batches * n / median["two_processes"],
+            "one_batch_one_process": batches * n / median["one_batch_one_process"],
+            "one_batch_two_processes": batches * n / median["one_batch_two_processes"],
         },
         "ratio_postgres_over_sqlite": median["sqlite"] / median["postgres"],
         "ratio_two_over_one": median["one_process"] / median["two_processes"],
+        "ratio_one_batch_two_over_one": median["one_batch_one_process"]
+        / median["one_batch_two_processes"],
     }
 
 
@@ -137,7 +160,10 @@ def main() -> None:
         f"PostgreSQL {rate['postgres']:.0f} req/s (ratio "
         f"{figures['ratio_postgres_over_sqlite']:.3f}); {args.batches} batches at once: one "
         f"process {rate['one_process']:.0f} req/s, two {rate['two_processes']:.0f} req/s "
-        f"(ratio {figures['ratio_two_over_one']:.3f})\nwrote {path}"
+        f"(ratio {figures['ratio_two_over_one']:.3f}); one batch of "
+        f"{args.batches * args.n} lines: one process {rate['one_batch_one_process']:.0f} req/s, "
+        f"two {rate['one_batch_two_processes']:.0f} req/s (ratio "
+        f"{figures['ratio_one_batch_two_over_one']:.3f})\nwrote {path}"
     )
 
 
