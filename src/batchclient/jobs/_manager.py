@@ -318,6 +318,7 @@ class JobManager:
         assert self._tg is not None
         running = RunningJob(job_id)
         self._helping[job_id] = running
+        logger.info("batch %s: helping its owner run its lines", job_id)
         self._tg.start_soon(self._help_run, running)
 
     async def _help_run(self, running: RunningJob) -> None:
@@ -332,6 +333,8 @@ class JobManager:
             provider = await self.cached_provider() if cached else self._provider
             with running.scope:
                 ran = await help_run(store, provider, job_id, self.owner)
+            logger.info("batch %s: helping pass ended (ran lines: %s, stopped: %s)", job_id, ran,
+                        running.scope.cancel_called)  # fmt: skip
         except Exception as exc:  # its owner runs the batch on: never fail it from here
             if not _lease_lost(exc):
                 logger.warning("batch %s: helping its owner stopped: %s", job_id, exc)

@@ -287,6 +287,10 @@ async def run_job(store: Store, provider: Provider, running: RunningJob) -> None
                 await run_unfinished(store, provider, job_id, row, running)
     if running.lease_lost:
         raise LeaseLostError(job_id, store.owner or "this process")
+    if store.shared and store.owner is not None:
+        # a batch stopped here (cancelled, expired) ends once the processes helping with it
+        # have stopped too: they see its status within a heartbeat and let their blocks go
+        await _until_others_let_go(store, job_id, store.owner)
     row = await to_thread.run_sync(store.job_row, job_id)
     if running.cancel_requested or row.status == "cancelling":
         await finalize(store, job_id, "cancelled")
@@ -359,22 +363,38 @@ async def run_shared(
     store: Store, provider: Provider, job_id: str, row: Any, running: RunningJob, owner: str
 ) -> None:
     """:func:`run_unfinished` for the owner of a job in a database shared by processes that
-    help run it (:func:`help_run`): the lines go a block lease at a time, and the owner goes
-    over the file again, every :data:`SHARED_POLL_S`, until no block with an unfinished line
-    is held by another process (its holder finished it, or went silent for the lease and the
-    owner took it)."""
+    help run it (:func:`help_run`): the lines go a block lease at a time. While other
+    processes hold blocks with unfinished lines, the owner waits (looking every
+    :data:`SHARED_POLL_S`) until none holds one any more (they finished and let go, or went
+    silent for the lease), then goes over the file again: done when a pass skips no block."""
 
     def claim(block: int) -> bool:
         return store.claim_block(job_id, block, owner, store.lease_s)
+
+    def others_hold() -> bool:
+        return store.others_hold_blocks(job_id, owner, store.lease_s)
 
     try:
         while True:
             if not await run_unfinished(store, provider, job_id, row, running, claim=claim):
                 return
-            await anyio.sleep(SHARED_POLL_S)
+            while True:
+                await anyio.sleep(SHARED_POLL_S)
+                if not await to_thread.run_sync(others_hold):
+                    break
     finally:
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(store.release_blocks, job_id, owner)
+
+
+async def _until_others_let_go(store: Store, job_id: str, owner: str) -> None:
+    """Wait until no other process holds a live block lease of the job (at most a lease: a
+    silent holder's blocks are not live after that)."""
+    with anyio.move_on_after(store.lease_s + SHARED_POLL_S):
+        while True:
+            if not await to_thread.run_sync(store.others_hold_blocks, job_id, owner, store.lease_s):
+                return
+            await anyio.sleep(SHARED_POLL_S / 4)
 
 
 async def help_run(store: Store, provider: Provider, job_id: str, owner: str) -> bool:

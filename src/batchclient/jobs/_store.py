@@ -548,14 +548,26 @@ class Store:
     def claim_block(self, job_id: str, block: int, owner: str, lease_s: float) -> bool:
         """Take the lease of the job's lines from ``block`` (the first ``seq`` of a block read
         by :class:`~._runner.RequestSource`) for ``owner``, unless another owner renewed it in
-        the last ``lease_s`` seconds. Whether ``owner`` holds it now."""
+        the last ``lease_s`` seconds, and only while the job is ``in_progress`` (a cancelled
+        batch gives no block out). Whether ``owner`` holds it now."""
         now_s = time.time()
         row = self.db.write_returning(
-            "INSERT INTO job_blocks (job_id, block, owner, heartbeat_at) VALUES (?, ?, ?, ?) "
+            "INSERT INTO job_blocks (job_id, block, owner, heartbeat_at) SELECT ?, ?, ?, ? "
+            "WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ? AND status = 'in_progress') "
             "ON CONFLICT (job_id, block) DO UPDATE SET owner = excluded.owner, "
             "heartbeat_at = excluded.heartbeat_at WHERE job_blocks.owner = excluded.owner "
             "OR job_blocks.heartbeat_at < ? RETURNING block",
-            (job_id, block, owner, now_s, now_s - lease_s),
+            (job_id, block, owner, now_s, job_id, now_s - lease_s),
+        )
+        return row is not None
+
+    def others_hold_blocks(self, job_id: str, owner: str, lease_s: float) -> bool:
+        """Whether owners other than ``owner`` hold block leases of the job renewed in the last
+        ``lease_s`` seconds."""
+        row = self.db.one(
+            "SELECT 1 FROM job_blocks WHERE job_id = ? AND owner <> ? AND heartbeat_at >= ? "
+            "LIMIT 1",
+            (job_id, owner, time.time() - lease_s),
         )
         return row is not None
 
