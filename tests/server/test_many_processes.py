@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from batchclient.testing import StubServer, free_port
-from jobs_util import wait_sync
+from jobs_util import jsonl, line, wait_sync
 from server_util import WINDOW, batch_file, finished, ready, sdk, spawn, wait_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.stub(latency_s=0.05)]  # 8 in flight: 160 req/s
@@ -157,6 +157,34 @@ def test_one_batch_runs_on_every_server_each_line_once(
     assert set(ids) == {f"r{i}" for i in range(LINES)} and set(ids.values()) == {1}
     assert sent == LINES  # nobody died: no line twice
     assert WINDOW < peak <= 2 * WINDOW  # both servers sent at once
+
+
+def test_identical_lines_on_two_servers_are_sent_once_and_answer_each_custom_id(
+    stub: StubServer, tmp_path: Path, pg_url: str
+) -> None:
+    """Identical greedy lines are merged into the first (one or two copies each, and one line
+    with 200 copies, whose answers go in chunks) on a batch two servers run: each distinct request
+    is sent once and every custom_id gets its line's answer."""
+    texts = [f"t {i % 1000}" for i in range(1300)] + ["many"] * 200
+    lines = [line(f"c{i}", text, temperature=0) for i, text in enumerate(texts)]
+    with fleet(stub, tmp_path, pg_url) as servers:
+        one, two = servers.start(1), servers.start(2)
+        before = stub.stats.requests
+        stub.stats.max_in_flight = 0
+        c1 = sdk(one)
+        upload = c1.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = c1.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = wait_batch(sdk(two), batch.id, within=120)
+        rows = _answers(sdk(two), done)
+    assert done.status == "completed" and done.request_counts.completed == len(lines)
+    assert stub.stats.requests - before == 1001  # 1,000 texts and "many", each once
+    assert stub.stats.max_in_flight > WINDOW  # both servers sent
+    answers = {str(r["custom_id"]): r["response"]["body"]["choices"][0]["message"]["content"]
+               for r in rows}  # fmt: skip
+    assert len(rows) == len(answers) == len(lines)
+    assert all(texts[int(cid[1:])] in text for cid, text in answers.items())
 
 
 def test_a_frozen_server_loses_its_lease_and_publishes_nothing_after(

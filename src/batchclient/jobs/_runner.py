@@ -411,7 +411,7 @@ async def help_run(store: Store, provider: Provider, job_id: str, owner: str) ->
         return held
 
     try:
-        await run_unfinished(store, provider, job_id, row, None, claim=claim)
+        await run_unfinished(store, provider, job_id, row, None, claim=claim, helping=True)
     finally:
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(store.release_blocks, job_id, owner)
@@ -426,13 +426,16 @@ async def run_unfinished(
     running: RunningJob | None = None,
     *,
     claim: Callable[[int], bool] | None = None,
+    helping: bool = False,
 ) -> list[int]:
     """Run every request of the job (``row``: its jobs row) that has no result yet through
     ``provider.execute``, committing each result before its worker takes the next request
     (``running``: the job's record in this process, whose ``origin`` the first commit sets).
     With ``claim`` (blocking: take a block's lease), only the lines of the blocks it grants;
-    returns the blocks with unfinished lines it did not grant."""
-    await to_thread.run_sync(_answer_merged_lines, store, job_id)
+    returns the blocks with unfinished lines it did not grant. ``helping``: another process
+    owns the job (merged lines left without an answer are the owner's to give)."""
+    if not helping:
+        await to_thread.run_sync(_answer_merged_lines, store, job_id)
     path = store.file_path(row.input_file_id)
     source = RequestSource(store, job_id, path, Endpoint(row.endpoint), claim)
     writer = GroupCommit(store, job_id, running)
@@ -443,9 +446,10 @@ async def run_unfinished(
         merged = source.merged.pop(request.index, [])
         for seq, custom_id in merged or ():
             rows.append(merged_row(job_id, answered, seq, custom_id))
-        await writer.put(rows, source.block_of.pop(request.index, None))
+        block = source.block_of.pop(request.index, None)
+        await writer.put(rows, block)
         if merged is None:  # many: after its line's own row, a chunk per transaction
-            await to_thread.run_sync(_answer_many_merged, store, job_id, answered)
+            await to_thread.run_sync(_answer_many_merged, store, job_id, answered, block)
 
     try:
         with batch_flow(job_id, row.metadata):  # a server's fair gate orders by it
@@ -463,12 +467,17 @@ async def run_unfinished(
     return source.skipped
 
 
-def _answer_many_merged(store: Store, job_id: str, answered: ResultRow) -> None:
+def _answer_many_merged(
+    store: Store, job_id: str, answered: ResultRow, block: int | None = None
+) -> None:
     """Give every line merged into ``answered``'s line its answer, :data:`_MERGED_CHUNK` rows
-    per transaction (a row already there is left alone)."""
+    per transaction (a row already there is left alone); ``block``: the block lease the line
+    was sent under (each commit checks it)."""
     after = -1
+    blocks = () if block is None else (block,)
     while lines := store.merged_lines(job_id, answered.seq, after, _MERGED_CHUNK):
-        store.commit_results(job_id, [merged_row(job_id, answered, *line) for line in lines])
+        rows = [merged_row(job_id, answered, *line) for line in lines]
+        store.commit_results(job_id, rows, blocks)
         after = lines[-1][0]
 
 
