@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,12 +69,12 @@ def _logs(root: Path) -> str:
     return "".join(p.read_text() for p in root.glob("serve-*.log"))
 
 
-def _answers(client: object, batch: object) -> list[dict[str, object]]:
+def _answers(client: object, batch: object) -> list[dict[str, Any]]:
     content = client.files.content(batch.output_file_id).text  # type: ignore[attr-defined]
     return [json.loads(x) for x in content.splitlines()]
 
 
-def _own_answer(row: dict[str, object]) -> bool:
+def _own_answer(row: dict[str, Any]) -> bool:
     """Whether the stub's echo in ``row``'s answer is of its own request (``r <i>``)."""
     body = row["response"]["body"]  # type: ignore[index]
     text = body["choices"][0]["message"]["content"]  # type: ignore[index]
