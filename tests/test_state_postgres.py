@@ -301,3 +301,20 @@ def test_a_run_killed_on_one_machine_is_finished_from_another(
     assert ids == [f"q{i}" for i in range(n)]
     assert 100 <= sent_by_first < n
     assert stub.stats.requests - before <= n + window  # only what was in flight, again
+
+
+def test_leases_are_timed_on_the_databases_clock(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose clock is an hour ahead still writes heartbeats the others read as fresh:
+    lease times come from the database server's clock (its offset measured per connection)."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600.0)  # the clock _state reads too
+    bind(tmp_path, pg_url)
+    db = Database(tmp_path / "x.sqlite3")
+    try:
+        server = float(db.one("SELECT extract(epoch FROM clock_timestamp())")[0])
+        assert abs(time.time() - server - 3600.0) < 1.0  # this host's clock is off
+        assert abs(db.now() - server) < 1.0  # the lease clock is not
+    finally:
+        db.close()

@@ -47,6 +47,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -325,6 +326,9 @@ class _PgConnection:
         self.shared = shared
         self.lock_key = _advisory_key(shared.schema)
         self._conn: Any = None
+        self.clock_offset = 0.0
+        """The database server's clock minus this host's, seconds (measured at connect, half
+        a round trip off at most)."""
         self._connect()
 
     def _connect(self) -> None:
@@ -361,6 +365,10 @@ class _PgConnection:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
                 conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             conn.execute(f'SET search_path TO "{schema}"')
+            before = time.time()
+            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+            assert row is not None
+            self.clock_offset = float(row[0]) - (before + time.time()) / 2
             conn.execute(
                 f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_S * 1000}"
             )
@@ -448,6 +456,13 @@ class Database:
         except BaseException:
             self.conn.close()
             raise
+
+    def now(self) -> float:
+        """Unix seconds on the database's clock: a shared database's server clock (so processes
+        on hosts whose clocks differ agree on the age of a lease), else this host's."""
+        if isinstance(self.conn, _PgConnection):
+            return time.time() + self.conn.clock_offset
+        return time.time()
 
     @property
     def dialect(self) -> Dialect:

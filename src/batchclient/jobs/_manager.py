@@ -268,7 +268,9 @@ class JobManager:
         if owner == self.owner:
             return False
         lease_s = self.lease_times.lease_s
-        heartbeat_stale = row.heartbeat_at is None or time.time() - row.heartbeat_at > lease_s
+        assert self._store is not None
+        now_s = self._store.db.now()  # a shared database's clock: hosts' clocks may differ
+        heartbeat_stale = row.heartbeat_at is None or now_s - row.heartbeat_at > lease_s
         if KERNEL is not None and row.owner_kernel == KERNEL:
             gone = owner_gone(self.state_dir, owner)
             if gone is not None:  # the lock knows, whatever the pid says
@@ -288,7 +290,7 @@ class JobManager:
                 continue  # another provider's job: it resumes with a client like the one it ran on
             if await to_thread.run_sync(self._orphaned, row):
                 if await to_thread.run_sync(store.claim, row.id, self.owner, row.owner):
-                    silent = time.time() - (row.heartbeat_at or 0.0)
+                    silent = store.db.now() - (row.heartbeat_at or 0.0)
                     logger.info(
                         "taking up batch %s (its owner %s is gone; last heartbeat %.1f s ago)",
                         row.id,
@@ -518,7 +520,7 @@ class JobManager:
                 "seed_job_id": reuse_results_from,
                 "cache": int(self.cache if cache is None else cache),
                 "owner": self.owner,
-                "heartbeat_at": time.time(),
+                "heartbeat_at": store.db.now(),
                 "owner_kernel": store.kernel,
                 "output_expires_s": output_expires_after_s,
             },

@@ -521,7 +521,7 @@ class Store:
             self.db.write(
                 "UPDATE jobs SET owner = ?, heartbeat_at = ?, owner_kernel = ? "
                 "WHERE id = ? AND owner IS ?",
-                (owner, time.time(), kernel, job_id, expected),
+                (owner, self.db.now(), kernel, job_id, expected),
             )
             > 0
         )
@@ -530,10 +530,10 @@ class Store:
         """Refresh the leases of ``owner`` (jobs, and in a shared database blocks of lines);
         return ``(job id, status)`` of the jobs it holds."""
         with self.db.transaction() as db:
-            db.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ?", (time.time(), owner))
+            db.execute("UPDATE jobs SET heartbeat_at = ? WHERE owner = ?", (self.db.now(), owner))
             if self.shared:
                 sql = "UPDATE job_blocks SET heartbeat_at = ? WHERE owner = ?"
-                db.execute(sql, (time.time(), owner))
+                db.execute(sql, (self.db.now(), owner))
             rows = db.execute("SELECT id, status FROM jobs WHERE owner = ?", (owner,))
             return [(str(r["id"]), str(r["status"])) for r in rows.fetchall()]
 
@@ -550,7 +550,7 @@ class Store:
         by :class:`~._runner.RequestSource`) for ``owner``, unless another owner renewed it in
         the last ``lease_s`` seconds, and only while the job is ``in_progress`` (a cancelled
         batch gives no block out). Whether ``owner`` holds it now."""
-        now_s = time.time()
+        now_s = self.db.now()
         row = self.db.write_returning(
             "INSERT INTO job_blocks (job_id, block, owner, heartbeat_at) SELECT ?, ?, ?, ? "
             "WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ? AND status = 'in_progress') "
@@ -567,7 +567,7 @@ class Store:
         row = self.db.one(
             "SELECT 1 FROM job_blocks WHERE job_id = ? AND owner <> ? AND heartbeat_at >= ? "
             "LIMIT 1",
-            (job_id, owner, time.time() - lease_s),
+            (job_id, owner, self.db.now() - lease_s),
         )
         return row is not None
 
