@@ -133,23 +133,32 @@ def test_a_batch_outlives_two_of_three_servers_and_a_cancel_reaches_the_owner(
     assert after_cancel == 0
 
 
+def _on_two_servers(
+    stub: StubServer, root: Path, database: str, data: bytes
+) -> tuple[Any, list[dict[str, Any]], int]:
+    """A batch of ``data`` created on the first of two servers and read through the second
+    once it ends: the batch, its output lines and the upstream requests it took (the stub's
+    ``max_in_flight`` counts from the start)."""
+    with fleet(stub, root, database) as servers:
+        one, two = servers.start(1), servers.start(2)
+        before = stub.stats.requests
+        stub.stats.max_in_flight = 0
+        c1 = sdk(one)
+        upload = c1.files.create(file=("in.jsonl", data), purpose="batch")
+        batch = c1.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = wait_batch(sdk(two), batch.id, within=120)
+        return done, _answers(sdk(two), done), stub.stats.requests - before
+
+
 def test_one_batch_runs_on_every_server_each_line_once(
     stub: StubServer, tmp_path: Path, pg_url: str
 ) -> None:
     """A batch created on one of two servers is run by both (blocks of lines under leases):
     more requests at once than one server sends, and each line sent exactly once."""
-    with fleet(stub, tmp_path, pg_url) as servers:
-        one, two = servers.start(1), servers.start(2)
-        before = stub.stats.requests
-        stub.stats.max_in_flight = 0
-        c1 = sdk(one)
-        upload = c1.files.create(file=("in.jsonl", batch_file(LINES)), purpose="batch")
-        batch = c1.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        done = wait_batch(sdk(two), batch.id, within=120)
-        rows = _answers(sdk(two), done)
-    sent, peak = stub.stats.requests - before, stub.stats.max_in_flight
+    done, rows, sent = _on_two_servers(stub, tmp_path, pg_url, batch_file(LINES))
+    peak = stub.stats.max_in_flight
     print(
         f"{LINES} lines on two servers of {WINDOW} in flight each: {sent} requests, {peak} at once"
     )
@@ -164,23 +173,13 @@ def test_identical_lines_on_two_servers_are_sent_once_and_answer_each_custom_id(
     stub: StubServer, tmp_path: Path, pg_url: str
 ) -> None:
     """Identical greedy lines are merged into the first (one or two copies each, and one line
-    with 200 copies, whose answers go in chunks) on a batch two servers run: each distinct request
-    is sent once and every custom_id gets its line's answer."""
+    with 200 copies, whose answers go in chunks) on a batch two servers run: each distinct
+    request is sent once and every custom_id gets its line's answer."""
     texts = [f"t {i % 1000}" for i in range(1300)] + ["many"] * 200
     lines = [line(f"c{i}", text, temperature=0) for i, text in enumerate(texts)]
-    with fleet(stub, tmp_path, pg_url) as servers:
-        one, two = servers.start(1), servers.start(2)
-        before = stub.stats.requests
-        stub.stats.max_in_flight = 0
-        c1 = sdk(one)
-        upload = c1.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-        batch = c1.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        done = wait_batch(sdk(two), batch.id, within=120)
-        rows = _answers(sdk(two), done)
+    done, rows, sent = _on_two_servers(stub, tmp_path, pg_url, jsonl(lines))
     assert done.status == "completed" and done.request_counts.completed == len(lines)
-    assert stub.stats.requests - before == 1001  # 1,000 texts and "many", each once
+    assert sent == 1001  # 1,000 texts and "many", each once
     assert stub.stats.max_in_flight > WINDOW  # both servers sent
     answers = {str(r["custom_id"]): r["response"]["body"]["choices"][0]["message"]["content"]
                for r in rows}  # fmt: skip

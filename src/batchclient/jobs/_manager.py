@@ -416,6 +416,9 @@ class JobManager:
         scanned = time.monotonic()
         while True:
             read = True
+            # only jobs running before the read can have lost a lease it does not list (one
+            # resumed or taken up meanwhile took its lease after the read began)
+            running_before = dict(self._running)
             try:
                 leases = await to_thread.run_sync(store.heartbeat, self.owner)
             except STORAGE_ERRORS:  # a full disk, say: the jobs report it themselves
@@ -435,9 +438,13 @@ class JobManager:
                     helper = self._helping.get(job_id)
                     if helper is not None and status != "in_progress":
                         helper.scope.cancel()
-            if read:
-                for job_id, running in list(self._running.items()):
-                    if job_id not in held and not running.lease_lost:
+            if read and store.shared:  # (one process per SQLite file: its leases are its own)
+                for job_id, running in running_before.items():
+                    if (
+                        job_id not in held
+                        and not running.lease_lost
+                        and self._running.get(job_id) is running
+                    ):
                         # taken over by a process that found this one silent: stop at once
                         running.lease_lost = True
                         running.scope.cancel()
