@@ -91,16 +91,6 @@ Dialect = Literal["sqlite", "postgresql"]
 R = TypeVar("R")
 
 
-class Cursor(Protocol):
-    rowcount: int
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
 class Connection(Protocol):
     """What a store's SQL runs on: a SQLite connection or :class:`_PgConnection`. Rows read
     both by column name and by index."""
