@@ -192,7 +192,7 @@ def test_finish_reasons_and_metrics() -> None:
 def test_a_plain_answer_is_staged_untracked_and_built_the_same() -> None:
     """A plain answer is staged as atoms, which the cycle collector stops tracking (so a large
     batch's finished answers are not rescanned by every full collection), and is built into
-    exactly the response the models themselves give, down to which fields are set."""
+    a response equal to the one the models themselves give."""
     req = Request(index=0, body={}, custom_id="x")
     result = _ok(
         {
@@ -222,7 +222,7 @@ def test_a_plain_answer_is_staged_untracked_and_built_the_same() -> None:
     )
     for built in (build_response(staged), to_response(req, result)):
         assert built == expected
-        assert built.model_dump(exclude_unset=True) == expected.model_dump(exclude_unset=True)
+        assert built.model_dump() == expected.model_dump()
         assert built.cached
 
 
@@ -248,8 +248,8 @@ def test_a_staged_answer_is_built_as_the_models_validate_it(
     custom_id: str | None, finish: str
 ) -> None:
     """The build skips checks already made, and nothing else: the instances are those the
-    models' own validation gives for the same fields, down to the fields set and the metric
-    values' type (an int usage and the cached flag become floats)."""
+    models' own validation gives when every field is given, down to the fields set and the
+    metric values' type (an int usage and the cached flag become floats)."""
     req = Request(index=0, body={}, custom_id=custom_id)
     result = _ok(
         {
@@ -262,15 +262,21 @@ def test_a_staged_answer_is_built_as_the_models_validate_it(
     assert type(staged) is tuple
     validated = ChatCompletionResponse.model_validate(
         {
-            "completion_message": {"content": "hi", "stop_reason": staged[1], "tool_calls": []},
+            "completion_message": {
+                "role": "assistant",
+                "content": "hi",
+                "stop_reason": staged[1],
+                "tool_calls": [],
+            },
             "logprobs": None,
             "metrics": [
                 {"metric": "prompt_tokens", "value": 3, "unit": "tokens"},
                 {"metric": "completion_tokens", "value": 1, "unit": "tokens"},
                 {"metric": "total_tokens", "value": 4, "unit": "tokens"},
                 {"metric": "latency", "value": 0.5, "unit": "s"},
-                {"metric": "cached", "value": 1},
+                {"metric": "cached", "value": 1, "unit": None},
             ],
+            "error": None,
             "custom_id": custom_id,
         }
     )
@@ -279,6 +285,45 @@ def test_a_staged_answer_is_built_as_the_models_validate_it(
     assert built.metrics is not None
     assert all(type(m.value) is float for m in built.metrics)
     assert built.model_dump_json() == validated.model_dump_json()
+
+
+def test_built_answers_are_few_tracked_objects_and_stay_apart() -> None:
+    """A built plain answer is at most 10 objects the cycle collector tracks (a validated one
+    is 16: each model instance brings its own set of given fields), which is what keeps a
+    large batch's full collections cheap. The set is shared, so assigning to one answer must
+    leave every other answer as it was."""
+    req = Request(index=0, body={}, custom_id="x")
+    ok = _ok(
+        {
+            "choices": [{"message": {"content": "hi"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    )
+    staged = [stage_response(req, ok) for _ in range(1000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    built = [build_response(s) for s in staged]
+    gc.collect()
+    assert (len(gc.get_objects()) - before - 1) / len(built) <= 10  # 1: the list `built`
+    validated = [ChatCompletionResponse.model_validate(b.model_dump()) for b in built[:100]]
+    gc.collect()
+    tracked = len(gc.get_objects())
+    validated += [ChatCompletionResponse.model_validate(b.model_dump()) for b in built[:100]]
+    gc.collect()
+    assert (len(gc.get_objects()) - tracked) / 100 >= 16  # what the build saves
+
+    first, second = built[0], built[1]
+    assert first.completion_message is not None and first.metrics is not None
+    first.custom_id = "changed"
+    first.completion_message.content = "changed"
+    first.metrics[0].unit = "changed"
+    first.metrics.append(MetricInResponse(metric="extra", value=1.0))
+    first.completion_message.tool_calls.append(ToolCall(call_id="c", tool_name="t", arguments={}))
+    assert second == to_response(req, ok) == validated[1]
+    assert second.model_fields_set == set(ChatCompletionResponse.model_fields)
+    assert first.custom_id == "changed" and first.metric("extra") == 1.0
+    copied = second.model_copy(update={"custom_id": "y"})
+    assert copied.custom_id == "y" and second.custom_id == "x"
 
 
 def test_staged_answers_are_built_without_touching_the_collector() -> None:

