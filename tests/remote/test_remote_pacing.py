@@ -143,19 +143,28 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     """A gateway allowing 40 requests per 0.5 s window, announced in ``x-ratelimit-*``
     headers, and no rpm set by the user: the client holds before the quota runs out, and
     still sends close to the quota (30 per half second), or where this machine cannot send
-    that many, at least 3/4 of what the same client sends the same stub without a quota."""
-    with StubServer(latency_s=0.03) as free:
-        async with RemoteBatchInference(free.url, retry=FAST) as client:
-            await client.batch_chat_completion("smollm2", convos(240))
-    free_arrivals = sorted(free.stats.arrivals)  # 240 in well under a second on a free machine
-    can_send = 0.5 * (len(free_arrivals) - 1) / max(free_arrivals[-1] - free_arrivals[0], 1e-3)
+    that many, at least 3/4 of what the same client sends the same stub without a quota (the
+    lower of two measures, just before and just after: a test beside it may load the machine
+    for a few seconds)."""
+    can_send = [await _free_rate(), 0.0]
     with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
         async with RemoteBatchInference(stub.url, retry=FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(240))
+    can_send[1] = await _free_rate()
     assert all(r.error is None for r in result.batch)
     assert stub.stats.by_status[429] <= 2, stub.stats.by_status
     paced = _median_per_half_second(stub.stats.arrivals)
-    assert paced >= min(30, 0.75 * can_send), (paced, can_send)
+    assert paced >= min(30, 0.75 * min(can_send)), (paced, can_send)
+
+
+async def _free_rate() -> float:
+    """Requests per half second this client sends a stub without a quota, on this machine now
+    (240 in well under a second on a free machine)."""
+    with StubServer(latency_s=0.03) as free:
+        async with RemoteBatchInference(free.url, retry=FAST) as client:
+            await client.batch_chat_completion("smollm2", convos(240))
+    arrivals = sorted(free.stats.arrivals)
+    return 0.5 * (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-3)
 
 
 @pytest.mark.slow  # seconds of waiting: the full suite runs it
