@@ -232,8 +232,8 @@ def stage_response(request: Request, result: Result) -> ChatCompletionResponse |
     without tool calls or log-probabilities) comes back as a :data:`StagedResponse` that
     :func:`build_response` turns into the same ``ChatCompletionResponse`` later.
 
-    Why: a batch call keeps every answer until it returns, and each built response is about
-    sixteen objects the cycle collector tracks; its full collections, which a growing batch
+    Why: a batch call keeps every answer until it returns, and each built response is 10-16
+    objects the cycle collector tracks; its full collections, which a growing batch
     keeps triggering, rescan all of them, and at 10,000 answers that cost more CPU than the
     HTTP exchanges. Staged answers are untracked tuples; the caller builds them in one go at
     the end (``BatchClient._run``)."""
