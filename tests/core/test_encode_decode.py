@@ -301,17 +301,19 @@ def test_built_answers_are_few_tracked_objects_and_stay_apart() -> None:
     )
     staged = [stage_response(req, ok) for _ in range(1000)]
     assert all(type(s) is tuple for s in staged)
+    # Counted over 1,000 answers with half an object of slack: other threads in the test
+    # process (a pytest-xdist worker's I/O thread) make or free a few objects meanwhile.
     gc.collect()
     before = len(gc.get_objects())
     built = [build_response(s) for s in staged]  # type: ignore[arg-type]
     gc.collect()
-    assert (len(gc.get_objects()) - before - 1) / len(built) <= 10  # 1: the list `built`
-    validated = [ChatCompletionResponse.model_validate(b.model_dump()) for b in built[:100]]
+    assert (len(gc.get_objects()) - before) / len(built) <= 10.5
+    validated = [ChatCompletionResponse.model_validate(b.model_dump()) for b in built[:2]]
     gc.collect()
     tracked = len(gc.get_objects())
-    validated += [ChatCompletionResponse.model_validate(b.model_dump()) for b in built[:100]]
+    validated += [ChatCompletionResponse.model_validate(b.model_dump()) for b in built]
     gc.collect()
-    assert (len(gc.get_objects()) - tracked) / 100 >= 16  # what the build saves
+    assert (len(gc.get_objects()) - tracked) / len(built) >= 15.5  # what the build saves
 
     first, second = built[0], built[1]
     assert first.completion_message is not None and first.metrics is not None

@@ -119,10 +119,13 @@ async def test_thread_stub_kill_drops_open_connections_at_once() -> None:
 
 
 async def test_time_window_fault_rules() -> None:
-    with StubServer(faults=[Fault(StubReply(status=500), after_s=0.0, until_s=0.4)]) as stub:
+    # The window is wide and the wait measured from when the stub was up, so a machine busy
+    # with other work neither pushes the first request out of the window nor the second into it.
+    with StubServer(faults=[Fault(StubReply(status=500), after_s=0.0, until_s=2.0)]) as stub:
+        up = time.monotonic()  # the stub's clock started before this
         async with RemoteBatchInference(stub.url, max_retries=0) as client:
             first = await client.batch_chat_completion("smollm2", [BODY["messages"]])
-            await anyio.sleep(0.5)
+            await anyio.sleep(max(0.0, up + 2.05 - time.monotonic()))
             later = await client.batch_chat_completion("smollm2", [BODY["messages"]])
     assert first.batch[0].error is not None and first.batch[0].error.status_code == 500
     assert later.batch[0].error is None
