@@ -110,13 +110,21 @@ def test_the_tests_reference_tokenizer_is_what_auto_tokenizer_loads(model_dir: P
             ) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation)
 
 
-def test_second_call_is_cached_and_does_not_rehash(model_dir: Path) -> None:
-    memo = json.loads((model_dir.parent / "gguf-sha256.json").read_text())
+def test_second_call_is_cached_and_does_not_rehash(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memo_path = model_dir.parent / "gguf-sha256.json"
+    memo = json.loads(memo_path.read_text())
     entry = memo[str(models._find_gguf().resolve())]  # one entry per GGUF path (per venv)
     assert model_dir.name == f"smollm2-{entry['sha256'][:16]}"
-    started = time.perf_counter()
+    written = memo_path.stat().st_mtime_ns
+
+    def no_rehash(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GGUF was hashed again")
+
+    monkeypatch.setattr("batchclient.models.hashlib.sha256", no_rehash)
     assert bundled_model_path() == model_dir
-    assert time.perf_counter() - started < 0.1  # a rehash of 98 MB alone takes ~0.3 s
+    assert memo_path.stat().st_mtime_ns == written  # the memo was not rewritten either
 
 
 def test_resolve_model(model_dir: Path) -> None:

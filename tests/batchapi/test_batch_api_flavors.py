@@ -144,7 +144,7 @@ async def test_together_list_is_one_unpaged_array(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flavor", ["together", "mistral"])
 async def test_cancel_maps_the_flavours_states(tmp_path: Path, flavor: str) -> None:
-    with BatchAPIStub(flavor=flavor, line_delay_s=0.02) as stub:
+    with BatchAPIStub(flavor=flavor, line_delay_s=0.2) as stub:  # seconds left to cancel
         async with client(stub, tmp_path) as c:
             record = await c.files.create(
                 jsonl([line(f"r{i}", f"n{i}") for i in range(40)]), filename="in.jsonl"

@@ -156,7 +156,8 @@ def sent(stub: StubServer) -> Counter[str]:
 @pytest.mark.slow
 def test_batchclient_run_takes_a_completions_file_and_resumes_after_sigkill(tmp_path: Path) -> None:
     inp, out, state = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "state"
-    inp.write_bytes(jsonl([completion_line(f"r{i}", f"n{i}") for i in range(200)]))
+    n = 400  # far from done when it is killed, however slowly the kill follows the count
+    inp.write_bytes(jsonl([completion_line(f"r{i}", f"n{i}") for i in range(n)]))
     args = ["run", str(inp), "-o", str(out), "--state-dir", str(state), "--max-concurrency", "8",
             "--no-progress"]  # fmt: skip
     with StubServer(latency_s=0.02, jitter_s=0.05, record_bodies=True) as stub:
@@ -164,10 +165,10 @@ def test_batchclient_run_takes_a_completions_file_and_resumes_after_sigkill(tmp_
         at_kill = kill_after(proc, state, 60)
         assert main([*args, "--base-url", stub.url]) == 0
     rows = read_jsonl(out)
-    assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(200))
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(n))
     assert all(r["response"]["body"]["object"] == "text_completion" for r in rows)
     counts = sent(stub)
-    assert 60 <= at_kill < 200 and len(counts) == 200 and sum(counts.values()) - 200 <= 8
+    assert 60 <= at_kill < n and len(counts) == n and sum(counts.values()) - n <= 8
 
 
 def test_batchclient_run_takes_an_embeddings_file(tmp_path: Path) -> None:

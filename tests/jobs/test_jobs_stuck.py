@@ -207,8 +207,9 @@ def test_a_database_that_cannot_be_written_is_reported_failed_at_once_and_record
     """Mid-batch the server may write no byte to any file (``RLIMIT_FSIZE`` = 0 set on the live
     process: every write fails as on a dead disk): not even the failure can be written, yet GET
     says ``failed`` with ``storage_error`` at once and the log says why; with the limit lifted
-    the failure is recorded within a heartbeat, and resume finishes the batch."""
-    state, port, n = tmp_path / "state", free_port(), 200
+    the failure is recorded within a heartbeat, and resume finishes the batch. The batch is
+    long enough that a slow machine cannot finish it before the limit is set."""
+    state, port, n = tmp_path / "state", free_port(), 600
     url = f"http://127.0.0.1:{port}"
     with StubServer(latency_s=0.05, record_bodies=True) as stub:
         env = {**os.environ, "PYTHONPATH": PYTHONPATH}
@@ -262,13 +263,18 @@ def test_a_database_that_cannot_be_written_is_reported_failed_at_once_and_record
 
 @pytest.mark.slow
 @needs_pid_namespaces
-def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(tmp_path: Path) -> None:
+def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two servers, each PID 1 of its own PID namespace (as a container's entrypoint), on one
     host name and state directory. Server A runs a batch and freezes (SIGSTOP: its lease looks
     alive); B starts and leaves the batch alone; A is SIGKILLed: B, already serving, takes the
     batch back within seconds (the owner's lock is free, whatever its pid says) and finishes
-    it: every custom_id once, at most the window sent twice."""
-    state, n = tmp_path / "state", 100
+    it: every custom_id once, at most the window sent twice. The lease is 300 s here, so only
+    the free lock can hand the batch over, however long a busy machine takes to start B; the
+    batch is long enough that A cannot finish it between the test's look and the SIGSTOP."""
+    monkeypatch.setenv(LEASE_TIMES, "heartbeat_s=0.1,orphan_scan_s=0.2,lease_s=300")
+    state, n = tmp_path / "state", 400
     db = state / "tenants" / tenant_id(KEY_A) / DB_NAME
     as_pid_1 = ["unshare", "-rpf", "--mount-proc", "--kill-child"]
     port_a, port_b = free_port(), free_port()
@@ -305,7 +311,7 @@ def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(tmp_pat
     assert owner_a.split(":")[0] == owner_b.split(":")[0]  # on one host name
     assert at_b_start["owner"] == owner_a and at_b_start["status"] == "in_progress"
     assert took < 6, took  # scans every 0.2 s here (2 s by default)
-    assert silent < 10, taken  # by the free lock: the lease (10 s of silence) was not waited for
+    assert silent < 300, taken  # by the free lock: the lease (300 s of silence) was not waited for
     assert done.status == "completed" and sorted(ids) == sorted(f"r{i}" for i in range(n))
     assert len(sent) == n and sum(c - 1 for c in sent.values()) <= WINDOW
 

@@ -78,7 +78,8 @@ async def test_a_full_endpoint_spills_in_the_prefix_ranking() -> None:
     """Three endpoints of 2 slots, four requests of one prefix at once: the first-ranked and
     the second-ranked endpoint take two each and the third none (load alone would have used
     all three)."""
-    stubs = [StubServer(latency_s=0.3).start() for _ in range(3)]
+    # 1 s answers: the four requests overlap however slowly a busy machine sends them
+    stubs = [StubServer(latency_s=1.0).start() for _ in range(3)]
     try:
         async with RemoteBatchInference(
             [s.url for s in stubs], max_concurrency=2, adaptive=False

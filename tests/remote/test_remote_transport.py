@@ -453,7 +453,9 @@ async def test_a_100_mb_chunked_answer_stops_at_the_cap_in_bounded_memory() -> N
     assert rss.peak - base < (64 << 20) + (48 << 20)  # the cap plus slack, never the 100 MB
     during = [t for t in done if started <= t <= finished]
     gaps = [b - a for a, b in zip([started, *during], [*during, finished], strict=True)]
-    assert len(during) >= 5 and max(gaps) < 1.0, (len(during), max(gaps))
+    # a blocked event loop shows as one gap about as long as the whole download
+    bound = max(1.0, 0.25 * (finished - started))
+    assert len(during) >= 5 and max(gaps) < bound, (len(during), max(gaps), bound)
 
 
 async def test_an_answer_over_a_small_cap_is_refused_early() -> None:
@@ -488,21 +490,23 @@ def blackhole_after_idle(idle_s: float, seen: Seen) -> Any:
     return handle
 
 
-@pytest.mark.parametrize("expiry_s", [0.3, 5.0])
+@pytest.mark.parametrize("expiry_s", [0.5, 30.0])
 async def test_idle_connections_expire_before_a_middlebox_drops_them(expiry_s: float) -> None:
+    # Seconds apart, so a busy machine's pauses between the model check and the first request
+    # neither drop the first connection nor keep the client's pool from expiring it.
     seen = Seen()
     async with (
-        serve(blackhole_after_idle(0.6, seen)) as port,
+        serve(blackhole_after_idle(2.0, seen)) as port,
         RemoteBatchInference(
-            url(port), timeout_s=0.5, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
+            url(port), timeout_s=1.5, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
         ) as client,
     ):
         first = await client.batch_chat_completion("m", CONVO)
-        await anyio.sleep(1.0)
+        await anyio.sleep(2.5)
         second = await client.batch_chat_completion("m", CONVO)
     assert first.batch[0].text == "ok"
-    if expiry_s < 0.6:  # closed by the client first: a fresh connection, at once
-        assert second.batch[0].text == "ok" and seen.connections == 2
+    if expiry_s < 2.0:  # closed by the client first: a fresh connection, at once
+        assert second.batch[0].text == "ok" and seen.connections >= 2
     else:  # the control: a connection kept past the middlebox's limit waits out the timeout
         assert second.batch[0].error is not None and second.batch[0].error.code == "timeout"
 

@@ -11,7 +11,6 @@ import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -227,7 +226,9 @@ def test_a_small_batch_shares_the_capacity_with_another_tenants_large_ones(
     assert a_between <= small + capacity, (a_between, texts[b_at[0] : b_at[-1] + 1])
     # B did not wait for A: when B was done, A still had lines to send
     assert len(texts) < 2 * small + 5 * 40, len(texts)
-    assert shared_s < 2 * alone_s + 1.0, (shared_s, alone_s)
+    # about twice its time alone; the bound is loose because the five batches share this
+    # process's CPU with B (the order checks above are what catch first come, first served)
+    assert shared_s < 4 * alone_s + 3.0, (shared_s, alone_s)
 
 
 def test_a_tenants_high_priority_batch_runs_ahead_of_its_low_one(tmp_path: Path) -> None:
@@ -262,33 +263,42 @@ def test_a_tenants_high_priority_batch_runs_ahead_of_its_low_one(tmp_path: Path)
 
 
 def test_a_one_request_call_goes_ahead_of_queued_batch_lines(tmp_path: Path) -> None:
-    arrivals: list[str] = []
-    lock = threading.Lock()
-
-    def note(body: dict[str, Any], attempt: int) -> None:
-        with lock:
-            arrivals.append(str(body["messages"][-1]["content"]))
-
-    with StubServer(latency_s=0.05, handler=note) as stub:
+    """Five batches fill the upstream's two slots and queue their lines at the gate; a
+    one-request call that reaches the gate after them is the first to go once a slot frees
+    (first come, first served, the batches' 18 waiting lines would go before it)."""
+    hold = threading.Event()
+    with StubServer(record_bodies=True, faults=[Fault(StubReply(hold=hold))]) as stub:
         app = create_app(_provider(stub, 2), state_dir=tmp_path, api_keys=[KEY_A])
+        gate: FairGate = app.state.tenants.gate
+        per_batch = app.state.tenants.tenants[0].client.provider.max_in_flight()
+
+        def at_gate() -> int:
+            return gate.in_flight + gate.waiting()
+
         with AppServer(app) as url:
             big = [_start(url, KEY_A, 40, f"a{i}-") for i in range(5)]
-            wait_for = time.monotonic() + 10
-            while len(arrivals) < 4:
-                assert time.monotonic() < wait_for
-                time.sleep(0.01)
+            wait_sync(lambda: at_gate() == 5 * per_batch)  # held upstream, or waiting
             body = {"model": "smollm2", "messages": [{"role": "user", "content": "call"}]}
-            with httpx.Client(headers={"Authorization": f"Bearer {KEY_A}"}) as http:
-                before = len(arrivals)
-                answer = http.post(f"{url}/v1/chat/completions", json=body, timeout=30)
-            assert answer.status_code == 200, answer.text
-            ahead = arrivals.index("call") - before
+            answers: list[httpx.Response] = []
+
+            def call() -> None:
+                with httpx.Client(headers={"Authorization": f"Bearer {KEY_A}"}) as http:
+                    answers.append(http.post(f"{url}/v1/chat/completions", json=body, timeout=60))
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            wait_sync(lambda: at_gate() == 5 * per_batch + 1)  # the call waits at the gate
+            held = len(stub.stats.bodies)
+            hold.set()
+            caller.join(timeout=60)
+            assert answers and answers[0].status_code == 200, answers
+            texts = _texts(stub)
             for batch_id in big:
                 # one may have completed meanwhile on a slow machine: nothing left to cancel
                 with contextlib.suppress(openai.ConflictError):
                     sdk(url, KEY_A).batches.cancel(batch_id)
-    # first come, first served, the five batches' waiting lines would reach the upstream first
-    assert ahead <= 3, arrivals[before:]
+    assert held == 2  # the upstream's two slots
+    assert texts.index("call") - held <= 1, texts
 
 
 def test_a_tenants_calls_in_flight_leave_another_tenant_its_share(tmp_path: Path) -> None:

@@ -237,7 +237,7 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
         with http(url) as c:  # keyed requests are answered while they sit there
             started = time.monotonic()
             assert all(c.get("/v1/models").status_code == 200 for _ in range(5))
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 4
         assert all(closed_within(s, 3) < 3 for s in idle)  # the header timeout closed them
         for s in idle:
             s.close()
@@ -250,9 +250,10 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
                 except OSError:
                     break
                 time.sleep(0.2)
-                if time.monotonic() - started > 3:
+                if time.monotonic() - started > 10:
                     break
-            assert time.monotonic() - started < 1.5
+            # the head would take 14 s: only the 0.5 s header timeout ends it this early
+            assert time.monotonic() - started < 5
         # a body that stops halfway (a lying Content-Length): 408 in the envelope, then closed
         head = (
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
@@ -262,7 +263,7 @@ def test_idle_and_slow_connections_are_cut_off(stub: StubServer, tmp_path: Path)
         started = time.monotonic()
         answer = raw(port, head + b'{"model": "m"')  # and then nothing
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer
-        assert 0.4 < time.monotonic() - started < 2
+        assert 0.4 < time.monotonic() - started < 4  # raw() itself waits up to 5 s
         # a kept-alive connection idle past keep_alive_s is closed
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(
@@ -279,18 +280,18 @@ def test_a_body_that_stops_is_cut_off_one_timeout_after_its_last_bytes(
     stub: StubServer, tmp_path: Path
 ) -> None:
     """2 KiB at once, then nothing: the interval's 1 KiB was there, but the client has been
-    silent for the whole timeout (it was answered one interval later: 4 s here)."""
-    with serve(stub, tmp_path / "state", body_timeout_s=2.0) as url:
+    silent for the whole timeout (it was answered one interval later: 8 s here)."""
+    with serve(stub, tmp_path / "state", body_timeout_s=4.0) as url:
         port = int(url.rsplit(":", 1)[1])
         head = (
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
         )
         started = time.monotonic()
-        answer = raw(port, head + b'{"model": "' + b"m" * 2048, wait=10)
+        answer = raw(port, head + b'{"model": "' + b"m" * 2048, wait=15)
         waited = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408"), answer
-    assert 1.9 < waited < 3.5, waited
+    assert 3.9 < waited < 6.5, waited
 
 
 def test_at_the_connection_cap_the_longest_idle_make_room(stub: StubServer, tmp_path: Path) -> None:

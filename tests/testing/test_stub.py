@@ -51,7 +51,9 @@ def test_process_mode_answers_and_counts(mode: tuple[str, ...]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [(), ("--fast",)])
 async def test_process_mode_capacity_answers_429_with_retry_after(mode: tuple[str, ...]) -> None:
-    args = (*mode, "--latency", "0.3", "--capacity", "2", "--capacity-retry-after", "7")
+    # The two admitted requests hold their slots for 5 s, so all four arrive while both are
+    # taken however slowly the threads start; the refused two are answered at once.
+    args = (*mode, "--latency", "5", "--capacity", "2", "--capacity-retry-after", "7")
     with StubProcess(*args) as stub:
         async with anyio.create_task_group() as tg:
             results: list[tuple[int, dict[str, str]]] = []
@@ -71,10 +73,12 @@ async def test_process_mode_capacity_answers_429_with_retry_after(mode: tuple[st
 
 @pytest.mark.slow
 def test_process_mode_5xx_burst_over_a_time_window() -> None:
-    with StubProcess("--burst", "503:0:0.5:1") as stub:
+    # A wide window, waited out from when the stub was ready (its clock starts before that).
+    with StubProcess("--burst", "503:0:3:1") as stub:
+        ready = time.monotonic()
         status, _, headers = post(stub.url, BODY)
         assert (status, headers.get("Retry-After")) == (503, "1")
-        time.sleep(0.6)
+        time.sleep(max(0.0, ready + 3.1 - time.monotonic()))
         status, _, _ = post(stub.url, BODY)
         assert status == 200
 
