@@ -496,16 +496,16 @@ async def test_idle_connections_expire_before_a_middlebox_drops_them(expiry_s: f
     # neither drop the first connection nor keep the client's pool from expiring it.
     seen = Seen()
     async with (
-        serve(blackhole_after_idle(2.0, seen)) as port,
+        serve(blackhole_after_idle(1.5, seen)) as port,
         RemoteBatchInference(
-            url(port), timeout_s=1.5, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
+            url(port), timeout_s=1.0, max_retries=0, http=HttpOptions(keepalive_expiry_s=expiry_s)
         ) as client,
     ):
         first = await client.batch_chat_completion("m", CONVO)
-        await anyio.sleep(2.5)
+        await anyio.sleep(1.8)
         second = await client.batch_chat_completion("m", CONVO)
     assert first.batch[0].text == "ok"
-    if expiry_s < 2.0:  # closed by the client first: a fresh connection, at once
+    if expiry_s < 1.5:  # closed by the client first: a fresh connection, at once
         assert second.batch[0].text == "ok" and seen.connections >= 2
     else:  # the control: a connection kept past the middlebox's limit waits out the timeout
         assert second.batch[0].error is not None and second.batch[0].error.code == "timeout"
