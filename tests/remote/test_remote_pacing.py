@@ -21,6 +21,7 @@ from batchclient._routing.quota import HeaderQuota, parse_duration
 from batchclient.remote import RetryPolicy
 from batchclient.testing import StubReply, StubServer
 from batchclient.testing import _stub as stub_module
+from remote_util import FirstWave
 
 FAST = RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)
 
@@ -117,27 +118,17 @@ async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
     """Every answer to the first wave is ``429 Retry-After: 1``: that is endpoint-wide, so
     nothing new is sent until the second is over; then dispatch restarts gradually. The wave
     (8 = max_concurrency) is counted, not timed, so a busy machine cannot split it."""
-    arrivals: list[float] = []
-    refused: list[float] = []
-
-    def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
-        now = time.monotonic()
-        arrivals.append(now)
-        if attempt == 1 and len(refused) < 8:
-            refused.append(now)
-            return StubReply(status=429, headers={"Retry-After": "1"})
-        return None
-
-    with StubServer(latency_s=0.02, handler=handler) as stub:
+    wave = FirstWave(8)
+    with StubServer(latency_s=0.02, handler=wave) as stub:
         async with RemoteBatchInference(
             stub.url, max_concurrency=8, adaptive=False, retry=FAST
         ) as client:
             result = await client.batch_chat_completion("smollm2", convos(80))
     assert all(r.error is None for r in result.batch)
-    first, throttled_until = refused[0], refused[-1]
-    quiet = [t for t in arrivals if throttled_until + 0.05 < t < first + 0.95]
+    first, throttled_until = wave.refused[0], wave.refused[-1]
+    quiet = [t for t in wave.arrivals if throttled_until + 0.05 < t < first + 0.95]
     assert quiet == [], f"{len(quiet)} requests sent during the pause"
-    assert any(t >= first + 0.95 for t in arrivals), "dispatch never resumed"
+    assert any(t >= first + 0.95 for t in wave.arrivals), "dispatch never resumed"
     assert stub.stats.by_status[429] == 8
 
 

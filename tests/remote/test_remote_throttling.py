@@ -18,7 +18,7 @@ from batchclient import BatchFailedError, BatchProgress, RemoteBatchInference
 from batchclient.remote import AdaptiveConcurrency
 from batchclient.testing import Fault, StubReply, StubServer
 from batchclient.testing import _stub as stub_module  # the stub's text and Retry-After helpers
-from remote_util import FAST, convo, lane
+from remote_util import FAST, FirstWave, convo, lane
 
 
 @pytest.mark.parametrize(
@@ -48,31 +48,19 @@ async def test_retry_after_pauses_the_endpoint_when_throttling_is_endpoint_wide(
     """Every answer is ``429 Retry-After: 1`` for a moment: no request at all reaches the
     endpoint for that second (not only the throttled ones). An isolated 429 holds only its
     own request (tests/remote/test_remote_pacing.py)."""
-    arrivals: list[float] = []
-    refused: list[float] = []
-
-    def handler(body: dict[str, Any], attempt: int) -> StubReply | None:
-        # The first wave (8 = max_concurrency) is refused, counted rather than timed, so a busy
-        # machine that spreads the wave out cannot let part of it through.
-        now = time.monotonic()
-        arrivals.append(now)
-        if attempt == 1 and len(refused) < 8:
-            refused.append(now)
-            return StubReply(status=429, headers={"Retry-After": "1"})
-        return None
-
-    with StubServer(latency_s=0.05, handler=handler) as stub:
+    wave = FirstWave(8)  # max_concurrency
+    with StubServer(latency_s=0.05, handler=wave) as stub:
         async with RemoteBatchInference(
             stub.url, max_concurrency=8, adaptive=False, **FAST
         ) as client:
             batch = [convo(f"n{i}") for i in range(80)]
             result = await client.batch_chat_completion("smollm2", batch)
     assert all(r.error is None for r in result.batch)
-    first, t429 = refused[0], refused[-1]
+    first, t429 = wave.refused[0], wave.refused[-1]
     # nothing new is sent until the second is over
-    during = [t for t in arrivals if t429 + 0.02 < t < first + 0.98]
+    during = [t for t in wave.arrivals if t429 + 0.02 < t < first + 0.98]
     assert during == [], f"{len(during)} requests sent during the pause"
-    assert any(t >= first + 0.98 for t in arrivals), "dispatch never resumed"
+    assert any(t >= first + 0.98 for t in wave.arrivals), "dispatch never resumed"
     assert stub.stats.by_status[429] == 8  # the first wave, each retried once
 
 
