@@ -97,7 +97,7 @@ async def test_tpm_estimates_are_settled_with_real_usage() -> None:
             )
             elapsed = time.monotonic() - started
     assert all(r.error is None for r in result.batch)
-    assert elapsed < 3.0  # without settling: ~9 s
+    assert elapsed < 6.0  # without settling: ~9 s; with it, a fraction of a second
 
 
 async def test_the_output_token_estimate_learns_from_usage() -> None:

@@ -17,8 +17,9 @@ from remote_util import FAST, convo, lane
 
 async def test_nothing_listening_fails_every_item_within_seconds_naming_the_url() -> None:
     """Defaults (4 retries, 3 failures to eject, 10 s out): 2,000 items against a port nobody
-    listens on all fail with ``endpoint_unavailable`` within 5 s (the retries and ejection
-    waits took 26 s and more), the URL in the message without its credentials."""
+    listens on all fail with ``endpoint_unavailable`` within seconds (the retries and ejection
+    waits took 26 s and more; 15 s leaves a busy machine room), the URL in the message without
+    its credentials."""
     port = free_port()
     url = f"http://alice:s3cret@127.0.0.1:{port}/v1?api-key=k3y"
     started = time.monotonic()
@@ -28,7 +29,7 @@ async def test_nothing_listening_fails_every_item_within_seconds_naming_the_url(
                 "smollm2", [convo(f"n{i}") for i in range(2000)]
             )
     elapsed = time.monotonic() - started
-    assert elapsed < 5.0, elapsed
+    assert elapsed < 15.0, elapsed
     shown = f"http://127.0.0.1:{port}/v1"
     for item in result.batch:
         assert item.error is not None

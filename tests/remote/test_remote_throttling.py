@@ -256,7 +256,7 @@ async def test_non_retryable_errors_fail_on_the_first_attempt_with_one_clear_err
                 )
             elapsed = time.monotonic() - started
     assert stub.stats.requests == 20  # one attempt each, no retries
-    assert elapsed < 2.0
+    assert elapsed < 10.0  # no retry backoff or ejection wait either
     errors = raised.value.errors
     assert len(errors) == 20
     assert {(e.code, e.status_code) for _, e in errors} == {(code, status)}

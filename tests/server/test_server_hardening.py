@@ -307,7 +307,7 @@ def test_at_the_connection_cap_the_longest_idle_make_room(stub: StubServer, tmp_
             kept.append(s)
             s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert answer_of(s).startswith(b"HTTP/1.1 200")
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4.5  # not held until the 5 s header timeout
         assert all(closed_within(s, 1) < 1 for s in held[:3])  # the three oldest, long before 5 s
         for s in held + kept:
             s.close()

@@ -86,7 +86,7 @@ def test_process_mode_5xx_burst_over_a_time_window() -> None:
 @pytest.mark.slow
 async def test_killing_a_stub_process_resets_its_connections_mid_request() -> None:
     box = {}
-    with StubProcess("--latency", "5") as stub:
+    with StubProcess("--latency", "20") as stub:
         client = RemoteBatchInference(stub.url, max_retries=0, check_model=False)
         async with client, anyio.create_task_group() as tg:
 
@@ -100,11 +100,11 @@ async def test_killing_a_stub_process_resets_its_connections_mid_request() -> No
         waited = time.monotonic() - started
     err = box["r"].batch[0].error
     assert err is not None and err.code == "connection_error"
-    assert waited < 2.0  # the reset arrives at once, not after the 5 s answer
+    assert waited < 5.0  # the reset arrives at once, not after the 20 s answer
 
 
 async def test_thread_stub_kill_drops_open_connections_at_once() -> None:
-    stub = StubServer(latency_s=5.0).start()
+    stub = StubServer(latency_s=20.0).start()
     async with RemoteBatchInference(stub.url, max_retries=0) as client:
         async with anyio.create_task_group() as tg:
             box = {}
@@ -117,7 +117,7 @@ async def test_thread_stub_kill_drops_open_connections_at_once() -> None:
             started = time.monotonic()
             await anyio.to_thread.run_sync(stub.kill)
         waited = time.monotonic() - started
-    assert waited < 2.5
+    assert waited < 5.0  # not after the 20 s answer
     assert {r.error.code for r in box["r"].batch if r.error} == {"connection_error"}
     assert all(r.error is not None for r in box["r"].batch)
 
