@@ -310,7 +310,7 @@ def test_a_server_restarted_as_pid_1_takes_its_batch_back_within_seconds(
     assert owner_a.split(":")[1] == "1" and owner_b.split(":")[1] == "1"  # both PID 1
     assert owner_a.split(":")[0] == owner_b.split(":")[0]  # on one host name
     assert at_b_start["owner"] == owner_a and at_b_start["status"] == "in_progress"
-    assert took < 6, took  # scans every 0.2 s here (2 s by default)
+    assert took < 30, took  # scans every 0.2 s here (2 s by default), far short of the lease
     assert silent < 300, taken  # by the free lock: the lease (300 s of silence) was not waited for
     assert done.status == "completed" and sorted(ids) == sorted(f"r{i}" for i in range(n))
     assert len(sent) == n and sum(c - 1 for c in sent.values()) <= WINDOW
@@ -439,7 +439,7 @@ async def test_jobs_resume_reopens_a_failed_batch_and_an_open_client_takes_it_up
     assert failed.errors.data[0].code == ErrorCode.output_write_failed
     assert code == 0 and f"{batch.id}: in_progress" in reopened, reopened
     assert done.status == "completed" and done.request_counts.completed == 8
-    assert took < 5, took  # the open client's scan (every 2 s), not its next start
+    assert took < 12, took  # the open client's scan (every 2 s), not its next start
     assert stub.stats.requests == 8  # every line had its result: nothing sent again
     assert again == 1 and "only a batch that failed after validation" in capsys.readouterr().err
 
