@@ -18,12 +18,9 @@ from hypothesis import strategies as st
 
 from batchclient import RemoteBatchInference, SamplingParams
 from batchclient._routing.quota import HeaderQuota, parse_duration
-from batchclient.remote import RetryPolicy
 from batchclient.testing import StubReply, StubServer
 from batchclient.testing import _stub as stub_module
-from remote_util import FirstWave
-
-FAST = RetryPolicy(backoff_initial_s=0.02, backoff_max_s=0.1)
+from remote_util import FAST, FirstWave
 
 
 def convos(n: int, prefix: str = "n") -> list[list[dict[str, str]]]:
@@ -51,7 +48,7 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
                 ticks.append(time.monotonic())
                 await anyio.sleep(0.01)
 
-        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, **FAST) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(tick)
                 result = await client.batch_chat_completion("smollm2", convos(360))
@@ -64,13 +61,13 @@ async def test_a_concurrency_limited_server_is_kept_full_with_few_429s(
     # After a 429 in the steady state (one per probe) nothing paused: another request reached
     # the server within a second, where a pause honouring Retry-After (1 s) sends nothing else
     # for the second; and the refused request went again within the second too (it waited for
-    # a slot, not for Retry-After).
-    # Idle, both take one answer's time (0.05 s); the bound is the pause itself, so a loaded
-    # machine that slows the server and the client alike leaves room. A window in which the
-    # event loop stalled says nothing and is skipped. Without Retry-After the pause would be
-    # the retry backoff (under 0.1 s), too short to tell from a slot freeing: there the check
-    # guards against pauses of a second or more. The steady state: past the first and before
-    # the last 60 arrivals (half a second at the server's rate).
+    # a slot, not for Retry-After). Idle, both take one answer's time (0.05 s); the bound is
+    # the pause itself, so a loaded machine that slows the server and the client alike leaves
+    # room. A window in which the event loop stalled says nothing and is skipped. Without
+    # Retry-After the pause would be the retry backoff (under 0.1 s), too short to tell from a
+    # slot freeing: there the check guards against pauses of a second or more. The steady
+    # state: past the first and before the last 60 arrivals (half a second at the server's
+    # rate).
     texts = [str(body["messages"][0]["content"]) for body in stub.stats.bodies]
     times = stub.stats.body_times
     seen: dict[str, int] = {}
@@ -108,7 +105,7 @@ async def test_an_isolated_retry_after_holds_only_its_request() -> None:
 
     with StubServer(latency_s=0.05, handler=handler) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, adaptive=False, retry=FAST
+            stub.url, max_concurrency=8, adaptive=False, **FAST
         ) as client:
             result = await client.batch_chat_completion(
                 "smollm2", [[{"role": "user", "content": "trigger"}], *convos(120)]
@@ -128,7 +125,7 @@ async def test_endpoint_wide_throttling_pauses_new_dispatches() -> None:
     wave = FirstWave(8)
     with StubServer(latency_s=0.02, handler=wave) as stub:
         async with RemoteBatchInference(
-            stub.url, max_concurrency=8, adaptive=False, retry=FAST
+            stub.url, max_concurrency=8, adaptive=False, **FAST
         ) as client:
             result = await client.batch_chat_completion("smollm2", convos(80))
     assert all(r.error is None for r in result.batch)
@@ -162,7 +159,7 @@ async def test_a_quota_announced_in_headers_is_used_without_429s() -> None:
     for a few seconds)."""
     before = await _free_rate()
     with StubServer(latency_s=0.03, quota=(40, 0.5)) as stub:
-        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, **FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(240))
     can_send = min(before, await _free_rate())
     assert all(r.error is None for r in result.batch)
@@ -175,7 +172,7 @@ async def _free_rate() -> float:
     """Requests per half second this client sends a stub without a quota, on this machine now
     (240 in well under a second on a free machine)."""
     with StubServer(latency_s=0.03) as free:
-        async with RemoteBatchInference(free.url, retry=FAST) as client:
+        async with RemoteBatchInference(free.url, **FAST) as client:
             await client.batch_chat_completion("smollm2", convos(240))
     arrivals = sorted(free.stats.arrivals)
     return 0.5 * (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-3)
@@ -185,7 +182,7 @@ async def _free_rate() -> float:
 async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
     """The control for the test above: the same quota, not announced."""
     with StubServer(latency_s=0.03, quota=(40, 0.5), quota_headers=False) as stub:
-        async with RemoteBatchInference(stub.url, max_retries=20, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, max_retries=20, **FAST) as client:
             await client.batch_chat_completion("smollm2", convos(120))
     assert stub.stats.by_status[429] > 24
 
@@ -194,7 +191,7 @@ async def test_without_the_headers_the_same_gateway_answers_many_429s() -> None:
 async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
     # each request: 1 prompt word + max_tokens 20 = 21 tokens; 420 per 0.5 s = 20 requests
     with StubServer(latency_s=0.02, token_quota=(420, 0.5)) as stub:
-        async with RemoteBatchInference(stub.url, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, **FAST) as client:
             result = await client.batch_chat_completion(
                 "smollm2", convos(100), sampling_params=SamplingParams(max_tokens=20)
             )
@@ -215,7 +212,7 @@ async def test_a_token_quota_announced_in_headers_paces_by_tokens() -> None:
 async def test_malformed_quota_headers_are_ignored(headers: dict[str, str]) -> None:
     reply = StubReply(headers=headers)
     with StubServer(handler=lambda body, attempt: reply) as stub:
-        async with RemoteBatchInference(stub.url, timeout_s=5, retry=FAST) as client:
+        async with RemoteBatchInference(stub.url, timeout_s=5, **FAST) as client:
             result = await client.batch_chat_completion("smollm2", convos(20))
     assert all(r.error is None for r in result.batch)
 
